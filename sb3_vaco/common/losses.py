@@ -1,0 +1,93 @@
+"""
+Policy surrogates as pure functions of ratios and advantages: VACO's TV filter ("Filter" step),
+and the baselines the paper and its reviewers compare against (PPO clip, SPO, KL penalty).
+
+Every function returns a loss to *minimize* (the negated surrogate) averaged over the whole minibatch.
+"""
+
+from typing import NamedTuple
+
+import torch as th
+
+# exp(20) ≈ 4.9e8: far beyond any useful ratio, far below float32 overflow.
+MAX_LOG_RATIO = 20.0
+
+
+def safe_ratio(log_ratio: th.Tensor) -> th.Tensor:
+    """``exp(log_ratio)`` with the log-ratio clamped to ``±MAX_LOG_RATIO`` so it never overflows to inf."""
+    return th.exp(th.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
+class FilteredSurrogate(NamedTuple):
+    """
+    :param loss: ``−mean_i(m_i · w_i · q_i · Â_i)``
+    :param mask: ``m_i`` (1.0 = sample kept, 0.0 = filtered out)
+    :param tv_estimate: ``D̂ = ½·mean_i(w_i·|q_i − 1|)``, no gradient
+    :param filter_active: whether ``D̂`` exceeded the threshold in this minibatch
+    """
+
+    loss: th.Tensor
+    mask: th.Tensor
+    tv_estimate: th.Tensor
+    filter_active: bool
+
+
+def tv_filtered_surrogate(
+    ratio: th.Tensor,
+    advantages: th.Tensor,
+    tv_threshold: float,
+    weights: th.Tensor | None = None,
+) -> FilteredSurrogate:
+    """
+    VACO's total-variation filter for one minibatch (arXiv 2603.01365, "Filter" step)::
+
+        D̂   = ½ · mean_i( w_i · |q_i − 1| )                        (no gradient)
+        m_i = 0  if  D̂ > δ  and  Â_i · (q_i − 1) > 0  else 1
+        L   = − mean_i( m_i · w_i · q_i · Â_i )
+
+    ``q`` is the ratio of the policy being optimized to the reference policy of the trust region and ``w``
+    a constant importance weight from the reference to the behavior policy. With ``w = 1`` and ``q = π_θ/μ``
+    this is the paper's rule (TV to the behavior policy); ``q = π_θ/π_T`` with ``w = π_T/μ`` measures the
+    drift from the learner at the start of the update (``½·mean|r − r^T|``), and a truncated
+    ``w = min(ρ̄, π_T/μ)`` gives the decoupled form (Hilton et al., 2022; Queeney et al., 2021).
+
+    Inside the budget every sample contributes. Above it, only the samples whose gradient would move
+    ``q`` further from 1 are dropped. The mean runs over the whole minibatch, so an entirely filtered
+    minibatch gives a loss of exactly 0 with a zero gradient.
+
+    :param ratio: ``q_i`` (with gradient)
+    :param advantages: ``Â_i`` (normalized or not; the same values are used in the mask and the loss)
+    :param tv_threshold: the budget ``δ``
+    :param weights: constant weights ``w_i`` (default: all ones)
+    :return: loss, mask, TV estimate and whether the filter was active
+    """
+    weights = th.ones_like(ratio) if weights is None else weights.detach()
+    with th.no_grad():
+        tv_estimate = 0.5 * th.mean(weights * th.abs(ratio - 1.0))
+        filter_active = bool(tv_estimate > tv_threshold)
+        pushes_away = advantages * (ratio - 1.0) > 0
+        mask = (~(pushes_away & filter_active)).float()
+    loss = -th.mean(mask * weights * ratio * advantages)
+    return FilteredSurrogate(loss, mask, tv_estimate, filter_active)
+
+
+def clipped_surrogate(ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:
+    """PPO's clipped surrogate (Schulman et al., 2017, Eq. 7): ``−mean(min(r·Â, clip(r, 1 ± ε)·Â))``."""
+    unclipped = ratio * advantages
+    clipped = th.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
+    return -th.mean(th.min(unclipped, clipped))
+
+
+def spo_surrogate(ratio: th.Tensor, advantages: th.Tensor, epsilon: float) -> th.Tensor:
+    """Simple Policy Optimization (Xie et al., 2024): ``−mean(r·Â − |Â|/(2ε)·(r − 1)²)``."""
+    return -th.mean(ratio * advantages - th.abs(advantages) / (2.0 * epsilon) * (ratio - 1.0) ** 2)
+
+
+def kl_penalty_surrogate(log_ratio: th.Tensor, advantages: th.Tensor, kl_coef: float) -> th.Tensor:
+    """
+    PPO with a fixed KL penalty (Schulman et al., 2017, Eq. 8): ``−mean(r·Â) + β·KL(μ‖π_θ)``, with the
+    KL estimated on the behavior samples as ``mean((r − 1) − log r)`` (non-negative, unbiased).
+    """
+    ratio = safe_ratio(log_ratio)
+    kl = th.mean((ratio - 1.0) - log_ratio)
+    return -th.mean(ratio * advantages) + kl_coef * kl
