@@ -1,0 +1,248 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import (
+    FakeImageEnv,
+    IdentityEnv,
+    IdentityEnvBox,
+    IdentityEnvMultiBinary,
+    IdentityEnvMultiDiscrete,
+    SimpleMultiObsEnv,
+)
+from stable_baselines3.common.logger import configure
+from stable_baselines3.common.utils import obs_as_tensor
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_vaco import VACO, LaggedPPO
+
+TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]))
+
+
+def params_of(model) -> list[th.Tensor]:
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+def assert_same_params(a, b) -> None:
+    for pa, pb in zip(params_of(a), params_of(b), strict=True):
+        assert th.equal(pa, pb)
+
+
+@pytest.mark.parametrize("env_id, kwargs", [("CartPole-v1", {}), ("Pendulum-v1", {"use_sde": True, "sde_sample_freq": 4})])
+def test_lagged_ppo_without_lag_is_sb3_ppo(env_id, kwargs):
+    """LaggedPPO(policy_lag=0) makes exactly the same updates as SB3's PPO with the same seed."""
+    models = []
+    for algo in (PPO, LaggedPPO):
+        env = make_vec_env(env_id, n_envs=2, seed=3)
+        model = algo("MlpPolicy", env, seed=3, **TINY, **kwargs)
+        models.append(model.learn(256))
+    assert_same_params(*models)
+
+
+def test_lagged_ppo_with_lag_differs_from_ppo():
+    models = [algo("MlpPolicy", "CartPole-v1", seed=3, **TINY).learn(256) for algo in (PPO, LaggedPPO)]
+    lagged = LaggedPPO("MlpPolicy", "CartPole-v1", seed=3, policy_lag=2, **TINY).learn(256)
+    assert_same_params(*models)
+    assert not all(th.equal(a, b) for a, b in zip(params_of(models[0]), params_of(lagged), strict=True))
+
+
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+def test_seeded_runs_are_deterministic(algo):
+    runs = [algo("MlpPolicy", "CartPole-v1", seed=7, policy_lag=(0, 2), **TINY).learn(256) for _ in range(2)]
+    assert_same_params(*runs)
+
+
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+def test_save_load_round_trip(algo, tmp_path):
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    model = algo("MlpPolicy", env, seed=0, policy_lag=2, **TINY).learn(256)
+    model.save(tmp_path / "model")
+    loaded = algo.load(tmp_path / "model", env=env)
+    assert loaded.policy_lag == 2 and loaded.n_steps == TINY["n_steps"]
+    if algo is VACO:
+        assert loaded.tv_threshold(1.0) == model.tv_threshold(1.0) and loaded.tv_reference == model.tv_reference
+    observations = env.reset()
+    np.testing.assert_array_equal(
+        model.predict(observations, deterministic=True)[0], loaded.predict(observations, deterministic=True)[0]
+    )
+    assert_same_params(model, loaded)
+    loaded.learn(128, reset_num_timesteps=False)
+    assert loaded.num_timesteps == model.num_timesteps + 128
+
+
+ACTION_SPACE_ENVS = {
+    "discrete": lambda: IdentityEnv(4),
+    "box": lambda: IdentityEnvBox(ep_length=20),
+    "multidiscrete": lambda: IdentityEnvMultiDiscrete(3),
+    "multibinary": lambda: IdentityEnvMultiBinary(3),
+}
+
+
+@pytest.mark.parametrize("space", sorted(ACTION_SPACE_ENVS))
+@pytest.mark.parametrize("policy_lag", [0, (0, 2)])
+def test_every_action_space(space, policy_lag):
+    env = make_vec_env(ACTION_SPACE_ENVS[space], n_envs=2, seed=0)
+    model = VACO("MlpPolicy", env, seed=0, policy_lag=policy_lag, **TINY).learn(256)
+    assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+    action, _ = model.predict(env.reset())
+    assert env.action_space.contains(action[0])
+
+
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+def test_dict_observations(algo):
+    env = make_vec_env(SimpleMultiObsEnv, n_envs=2, seed=0)
+    model = algo("MultiInputPolicy", env, seed=0, policy_lag=1, **TINY).learn(256)
+    assert type(model.rollout_buffer).__name__ == "LaggedDictRolloutBuffer"
+    assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+
+
+def test_cnn_policy():
+    env = make_vec_env(lambda: FakeImageEnv(screen_height=36, screen_width=36, n_channels=1), n_envs=1, seed=0)
+    model = VACO("CnnPolicy", env, seed=0, policy_lag=1, n_steps=16, batch_size=8, n_epochs=1)
+    model.learn(32)
+    assert model.policy.features_extractor.__class__.__name__ == "NatureCNN"
+
+
+def test_vecnormalize_and_gsde():
+    env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0))
+    model = VACO("MlpPolicy", env, seed=0, policy_lag=(0, 2), use_sde=True, **TINY).learn(256)
+    assert env.obs_rms.count > 256
+    assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+
+
+def test_callbacks_and_logged_keys(tmp_path):
+    class StopAfter(BaseCallback):
+        def _on_step(self) -> bool:
+            return self.num_timesteps < 100
+
+    model = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=2, **TINY)
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=1)
+    model.learn(1000, callback=[EvalCallback(eval_env, eval_freq=64, n_eval_episodes=2, log_path=str(tmp_path)), StopAfter()])
+    assert model.num_timesteps == 100, "returning False from a callback must stop training"
+    assert (tmp_path / "evaluations.npz").exists()
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    for key in (
+        "rollout/policy_lag_mean",
+        "rollout/policy_lag_max",
+        "rollout/policy_lag_grad_steps_mean",
+        "train/tv_behavior",
+        "train/tv_estimate",
+        "train/filtered_fraction",
+        "train/filter_active_fraction",
+        "train/approx_kl",
+        "train/value_loss",
+        "train/explained_variance",
+    ):
+        assert key in header, key
+
+
+def test_everything_filtered_never_gives_nan():
+    """A budget so small that the filter is always on: updates stay finite, nothing blows up."""
+    model = VACO("MlpPolicy", "CartPole-v1", seed=0, tv_threshold=1e-9, policy_lag=(0, 3), learning_rate=1e-2, **TINY)
+    model.learn(512)
+    assert model.logger.name_to_value["train/filter_active_fraction"] > 0.5
+    assert model.logger.name_to_value["train/skipped_minibatches"] == 0
+    assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+
+
+@pytest.mark.parametrize(
+    "policy_loss, advantage_estimator, tv_reference",
+    [
+        ("clip", "vtrace", "behavior"),
+        ("spo", "gae", "behavior"),
+        ("kl", "gae", "behavior"),
+        ("tv_filter", "gae", "learner"),
+        ("tv_filter", "vtrace", "decoupled"),
+        ("tv_filter", "vtrace", "budget"),
+    ],
+)
+def test_ablation_switches_train(policy_loss, advantage_estimator, tv_reference):
+    model = VACO(
+        "MlpPolicy",
+        "CartPole-v1",
+        seed=0,
+        policy_lag=1,
+        policy_loss=policy_loss,
+        advantage_estimator=advantage_estimator,
+        tv_reference=tv_reference,
+        realign_every_epoch=True,
+        **TINY,
+    )
+    model.learn(256)
+    assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+
+
+def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
+    """
+    Closed form on real collected data: without lag, the realigned targets are the TD(λ) returns SB3 would
+    compute with the learner's critic, time-limit truncations bootstrapped by the learner's V(terminal obs).
+    """
+    env = make_vec_env(lambda: gym.make("CartPole-v1", max_episode_steps=12), n_envs=2, seed=0)
+    model = VACO("MlpPolicy", env, seed=0, n_steps=40, batch_size=20, gae_lambda=0.9, policy_kwargs=dict(net_arch=[16]))
+    model.learn(80)  # one update, so the critic is not the initial one
+    model._setup_learn(80, None, reset_num_timesteps=False)
+    model.collect_rollouts(model.env, model._init_callback(None), model.rollout_buffer, model.n_steps)
+    buffer = model.rollout_buffer
+    assert len(buffer.truncation_observations) > 0
+
+    def value(obs) -> np.ndarray:
+        with th.no_grad():
+            return model.policy.predict_values(obs_as_tensor(np.asarray(obs), model.device)).flatten().numpy()
+
+    n_steps, n_envs = buffer.buffer_size, buffer.n_envs
+    reference = RolloutBuffer(n_steps, env.observation_space, env.action_space, gamma=model.gamma, gae_lambda=0.9, n_envs=n_envs)
+    reference.values = value(buffer.observations.reshape(n_steps * n_envs, -1)).reshape(n_steps, n_envs)
+    reference.rewards = buffer.rewards.copy()
+    for (step, env_idx), terminal_obs in buffer.truncation_observations.items():
+        reference.rewards[step, env_idx] += model.gamma * value(terminal_obs[None])[0]
+    reference.episode_starts = buffer.episode_starts.copy()
+    reference.compute_returns_and_advantage(th.as_tensor(value(buffer.last_observations)), buffer.last_dones)
+
+    tv_behavior = model._realign()
+    assert tv_behavior == pytest.approx(0.0, abs=1e-5)
+    np.testing.assert_allclose(buffer.returns, reference.returns, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(buffer.values, reference.values, rtol=1e-5, atol=1e-5)
+    # The same after the buffer was flattened by `get()` (the every-epoch realignment path).
+    next(buffer.get(batch_size=8))
+    model._realign()
+    np.testing.assert_allclose(buffer.time_major("returns"), reference.returns, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter",
+    [
+        ({"tv_threshold": 0.0}, "tv_threshold"),
+        ({"tv_threshold": -0.1}, "tv_threshold"),
+        ({"vtrace_rho_bar": 0.0}, "vtrace_rho_bar"),
+        ({"vtrace_c_bar": -1.0}, "vtrace_c_bar"),
+        ({"pg_rho_bar": 0.0}, "pg_rho_bar"),
+        ({"tv_reference": "stale"}, "tv_reference"),
+        ({"policy_loss": "ppo"}, "policy_loss"),
+        ({"advantage_estimator": "td"}, "advantage_estimator"),
+        ({"batch_size": 4096}, "batch_size"),
+        ({"batch_size": 1}, "batch_size"),
+        ({"clip_range": 0.0}, "clip_range"),
+        ({"kl_coef": -1.0}, "kl_coef"),
+        ({"gae_lambda": 1.5}, "gae_lambda"),
+        ({"n_epochs": 0}, "n_epochs"),
+        ({"policy_lag": (4, 2)}, "policy_lag"),
+    ],
+)
+def test_invalid_hyperparameters_name_the_parameter(kwargs, parameter):
+    with pytest.raises(ValueError, match=parameter):
+        VACO("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+def test_unsupported_observation_space_gets_sb3_error():
+    class TupleObsEnv(IdentityEnv):
+        def __init__(self) -> None:
+            super().__init__(2)
+            self.observation_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(2)))
+
+    with pytest.raises(NotImplementedError):
+        VACO("MlpPolicy", TupleObsEnv())
