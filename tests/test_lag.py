@@ -67,7 +67,9 @@ def test_behavior_log_probs_come_from_the_snapshot_k_updates_earlier(algo, lag):
     for iteration, rollout in enumerate(recorder.rollouts):
         behavior_version = max(iteration - lag, 0)
         assert np.all(rollout["versions"] == behavior_version)
-        expected = log_probs_under(model, recorder.learner_params[behavior_version], rollout["observations"], rollout["actions"])
+        expected = log_probs_under(
+            model, recorder.learner_params[behavior_version], rollout["observations"], rollout["actions"]
+        )
         np.testing.assert_allclose(rollout["log_probs"], expected, rtol=1e-5, atol=1e-5)
         if lag > 0 and iteration >= lag:
             # ... and not from the learner that was current when the rollout was collected.
@@ -91,7 +93,10 @@ def test_per_env_staleness_ranges_mix_versions_in_one_batch():
         mixed += len(np.unique(versions[0])) > 1
         for env_idx, version in enumerate(versions[0]):
             expected = log_probs_under(
-                model, recorder.learner_params[version], rollout["observations"][:, [env_idx]], rollout["actions"][:, [env_idx]]
+                model,
+                recorder.learner_params[version],
+                rollout["observations"][:, [env_idx]],
+                rollout["actions"][:, [env_idx]],
             )
             np.testing.assert_allclose(rollout["log_probs"][:, env_idx], expected[:, 0], rtol=1e-5, atol=1e-5)
         assert recorder.logged[iteration]["rollout/policy_lag_max"] == staleness.max()

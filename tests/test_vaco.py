@@ -195,7 +195,9 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
             return model.policy.predict_values(obs_as_tensor(np.asarray(obs), model.device)).flatten().numpy()
 
     n_steps, n_envs = buffer.buffer_size, buffer.n_envs
-    reference = RolloutBuffer(n_steps, env.observation_space, env.action_space, gamma=model.gamma, gae_lambda=0.9, n_envs=n_envs)
+    reference = RolloutBuffer(
+        n_steps, env.observation_space, env.action_space, gamma=model.gamma, gae_lambda=0.9, n_envs=n_envs
+    )
     reference.values = value(buffer.observations.reshape(n_steps * n_envs, -1)).reshape(n_steps, n_envs)
     reference.rewards = buffer.rewards.copy()
     for (step, env_idx), terminal_obs in buffer.truncation_observations.items():

@@ -119,5 +119,5 @@ class LaggedRolloutBuffer(RolloutBuffer):
         return LaggedRolloutBufferSamples(*samples, learner_log_prob=learner_log_prob)
 
 
-class LaggedDictRolloutBuffer(LaggedRolloutBuffer, DictRolloutBuffer):
+class LaggedDictRolloutBuffer(LaggedRolloutBuffer, DictRolloutBuffer):  # type: ignore[misc]
     """:class:`LaggedRolloutBuffer` for Dict observation spaces (SB3's ``DictRolloutBuffer`` underneath)."""

@@ -7,7 +7,6 @@ so one batch mixes several policy versions, as independent actors with random de
 """
 
 from collections import deque
-from typing import Any
 
 import numpy as np
 import torch as th
@@ -43,8 +42,7 @@ def parse_policy_lag(policy_lag: PolicyLagSpec) -> tuple[int, int]:
         lag_range = (int(policy_lag[0]), int(policy_lag[1]))
     else:
         raise ValueError(
-            f"`policy_lag` must be an int K >= 0 or a pair (K_min, K_max) of ints with 0 <= K_min <= K_max, "
-            f"got {policy_lag!r}"
+            f"`policy_lag` must be an int K >= 0 or a pair (K_min, K_max) of ints with 0 <= K_min <= K_max, got {policy_lag!r}"
         )
     if lag_range[0] < 0 or lag_range[0] > lag_range[1]:
         raise ValueError(f"`policy_lag` must satisfy 0 <= K_min <= K_max, got {policy_lag!r}")
@@ -166,11 +164,12 @@ class PolicyLag:
         return values
 
 
-class LaggedRolloutMixin:
+class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     """
-    Adds injected policy lag to an SB3 on-policy algorithm: ``class LaggedPPO(LaggedRolloutMixin, PPO)``.
+    An SB3 on-policy algorithm whose rollouts come from stale policies (injected policy lag).
+    Subclass it directly (``VACO``) or in front of an existing algorithm (``class LaggedPPO(LaggedOnPolicyAlgorithm, PPO)``).
 
-    The host class sets ``self.policy_lag`` before calling its parent's ``__init__``. Rollouts are
+    The subclass sets ``self.policy_lag`` before the model is set up. Rollouts are
     collected by :class:`PolicyLag`'s acting policies into a :class:`LaggedRolloutBuffer` that stores the
     behavior log-probs and versions. ``bootstrap_at_train_time`` chooses how time-limit truncations are
     bootstrapped: ``False`` adds ``γ·V_μ(terminal obs)`` of the *behavior* critic to the reward at
@@ -180,20 +179,22 @@ class LaggedRolloutMixin:
 
     bootstrap_at_train_time: bool = False
     policy_lag: PolicyLagSpec
+    batch_size: int
+    rollout_buffer: LaggedRolloutBuffer
     _policy_lag: PolicyLag
 
-    def _setup_model(self: Any) -> None:
+    def _setup_model(self) -> None:
         if self.rollout_buffer_class is None:
             is_dict = isinstance(self.observation_space, spaces.Dict)
             self.rollout_buffer_class = LaggedDictRolloutBuffer if is_dict else LaggedRolloutBuffer
-        super()._setup_model()  # type: ignore[misc]
+        super()._setup_model()
         if not issubclass(self.rollout_buffer_class, LaggedRolloutBuffer):
             raise ValueError(
                 f"`rollout_buffer_class` must be a subclass of LaggedRolloutBuffer, got {self.rollout_buffer_class.__name__}"
             )
         self._policy_lag = PolicyLag(self.policy_lag, seed=self.seed)
 
-    def _learner_tv_to_behavior(self: Any) -> float:
+    def _learner_tv_to_behavior(self) -> float:
         """``½·mean|π_T/μ − 1|`` over the rollout: how far the learner is from the policies that acted."""
         if not self._policy_lag.enabled:
             return 0.0
@@ -205,7 +206,7 @@ class LaggedRolloutMixin:
         log_rhos = buffer.flat_to_time_major(learner_log_probs) - buffer.time_major("log_probs")
         return float(0.5 * np.mean(np.abs(np.exp(np.clip(log_rhos, -20, 20)) - 1.0)))
 
-    def _evaluate_rollout(self: Any, observations: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _evaluate_rollout(self, observations: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Learner values and log-probs of every stored sample, in chunks, without gradient."""
         n_samples = len(actions)
         values, log_probs = np.zeros(n_samples, dtype=np.float32), np.zeros(n_samples, dtype=np.float32)
@@ -220,12 +221,12 @@ class LaggedRolloutMixin:
             log_probs[rows] = chunk_log_probs.cpu().numpy()
         return values, log_probs
 
-    def _excluded_save_params(self: Any) -> list[str]:
+    def _excluded_save_params(self) -> list[str]:
         # The snapshot ring is runtime state: after `load()`, lag builds up again from the loaded parameters.
-        return [*super()._excluded_save_params(), "_policy_lag"]  # type: ignore[misc]
+        return [*super()._excluded_save_params(), "_policy_lag"]
 
-    def collect_rollouts(  # noqa: C901
-        self: Any,
+    def collect_rollouts(
+        self,
         env: VecEnv,
         callback: BaseCallback,
         rollout_buffer: RolloutBuffer,
@@ -259,9 +260,9 @@ class LaggedRolloutMixin:
 
             with th.no_grad():
                 # Convert to pytorch tensor or to TensorDict
-                obs_tensor = obs_as_tensor(self._last_obs, self.device)
-                actions, values, log_probs = lag.act(obs_tensor)  # lag: behavior policies act
-            actions = actions.cpu().numpy()
+                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+                action_tensor, values, log_probs = lag.act(obs_tensor)  # lag: behavior policies act
+            actions = action_tensor.cpu().numpy()
 
             # Rescale and perform action
             clipped_actions = actions
@@ -311,23 +312,23 @@ class LaggedRolloutMixin:
                     rewards[idx] += self.gamma * terminal_value
 
             rollout_buffer.add(
-                self._last_obs,
+                self._last_obs,  # type: ignore[arg-type]
                 actions,
                 rewards,
-                self._last_episode_starts,
+                self._last_episode_starts,  # type: ignore[arg-type]
                 values,
                 log_probs,
                 behavior_version=lag.env_versions,  # lag: which policy version acted
             )
-            self._last_obs = new_obs
+            self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
 
         with th.no_grad():
             # Compute value for the last timestep
-            values = lag.predict_values(obs_as_tensor(new_obs, self.device))  # lag: behavior critics
+            values = lag.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]  # lag: behavior critics
 
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        rollout_buffer.set_bootstrap(new_obs, dones)  # lag: for re-estimation at train time
+        rollout_buffer.set_bootstrap(new_obs, dones)  # type: ignore[arg-type]  # lag: for re-estimation at train time
         self._record_lag(lag)
 
         callback.update_locals(locals())
@@ -336,7 +337,7 @@ class LaggedRolloutMixin:
 
         return True
 
-    def _record_lag(self: Any, lag: PolicyLag) -> None:
+    def _record_lag(self, lag: PolicyLag) -> None:
         """Log the measured staleness of this rollout, in policy versions and in gradient steps."""
         versions_behind = lag.version - lag.env_versions
         minibatches_per_epoch = int(np.ceil(self.n_steps * self.n_envs / self.batch_size))

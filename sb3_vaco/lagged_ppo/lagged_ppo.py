@@ -4,10 +4,10 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv
 
-from sb3_vaco.common.lag import LaggedRolloutMixin, PolicyLagSpec, parse_policy_lag
+from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm, PolicyLagSpec, parse_policy_lag
 
 
-class LaggedPPO(LaggedRolloutMixin, PPO):
+class LaggedPPO(LaggedOnPolicyAlgorithm, PPO):
     """
     SB3's PPO, with its own ``train()`` unchanged, fed by lagged rollouts: the baseline under policy lag.
 

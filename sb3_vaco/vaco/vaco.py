@@ -5,14 +5,13 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import ActorCriticCnnPolicy, ActorCriticPolicy, BasePolicy, MultiInputActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance, obs_as_tensor
 from torch.nn import functional as F
 
 from sb3_vaco.common.buffers import LaggedRolloutBuffer, LaggedRolloutBufferSamples, Observation
-from sb3_vaco.common.lag import LaggedRolloutMixin, PolicyLagSpec, parse_policy_lag
+from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm, PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.losses import (
     clipped_surrogate,
     kl_penalty_surrogate,
@@ -29,7 +28,7 @@ POLICY_LOSSES = ("tv_filter", "clip", "spo", "kl")
 ADVANTAGE_ESTIMATORS = ("vtrace", "gae")
 
 
-class VACO(LaggedRolloutMixin, OnPolicyAlgorithm):
+class VACO(LaggedOnPolicyAlgorithm):
     """
     VACO: total-Variation-based Advantage-aligned Constrained policy Optimization ("Align and Filter").
 
@@ -341,21 +340,19 @@ class VACO(LaggedRolloutMixin, OnPolicyAlgorithm):
         self._update_learning_rate(self.policy.optimizer)
         tv_threshold = self.tv_threshold(self._current_progress_remaining)  # type: ignore[operator]
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
-        if self.clip_range_vf is not None:
-            clip_range_vf = self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
 
         tv_behavior = self._realign()
         if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
             tv_threshold += tv_behavior
 
-        entropy_losses, pg_losses, value_losses = [], [], []
-        surrogate_stats: dict[str, list[float]] = {}
+        # Per-minibatch diagnostics, logged as means over the update under train/<key>
+        diagnostics: dict[str, list[float]] = {}
         skipped_minibatches = 0
         continue_training = True
         for epoch in range(self.n_epochs):
             if epoch > 0 and self.realign_every_epoch:
                 self._realign()
-            approx_kl_divs = []
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 actions = rollout_data.actions
                 if isinstance(self.action_space, spaces.Discrete):
@@ -368,30 +365,31 @@ class VACO(LaggedRolloutMixin, OnPolicyAlgorithm):
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
                 policy_loss, stats = self._surrogate(log_prob, rollout_data, advantages, tv_threshold, clip_range)
-                pg_losses.append(policy_loss.item())
-                for key, value in stats.items():
-                    surrogate_stats.setdefault(key, []).append(value)
 
-                if self.clip_range_vf is None:
-                    values_pred = values
-                else:
+                values_pred = values
+                if clip_range_vf is not None:
+                    # Clip the change of the value estimate around the learner's values at the start of the update
                     values_pred = rollout_data.old_values + th.clamp(
                         values - rollout_data.old_values, -clip_range_vf, clip_range_vf
                     )
                 # Value loss to the V-trace targets
                 value_loss = F.mse_loss(rollout_data.returns, values_pred)
-                value_losses.append(value_loss.item())
-
                 entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
-                entropy_losses.append(entropy_loss.item())
-
                 loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
-                # KL(π_T‖π_θ): how far this update has moved the learner (= PPO's approx_kl without lag)
+                # KL(π_T‖π_θ): how far this update has moved the learner (PPO's approx_kl when there is no lag)
                 with th.no_grad():
                     log_ratio = log_prob - rollout_data.learner_log_prob
                     approx_kl_div = th.mean(safe_ratio(log_ratio) - 1 - log_ratio).item()
-                    approx_kl_divs.append(approx_kl_div)
+
+                stats.update(
+                    policy_gradient_loss=policy_loss.item(),
+                    value_loss=value_loss.item(),
+                    entropy_loss=entropy_loss.item(),
+                    approx_kl=approx_kl_div,
+                )
+                for key, value in stats.items():
+                    diagnostics.setdefault(key, []).append(value)
 
                 if self.target_kl is not None and approx_kl_div > 1.5 * self.target_kl:
                     continue_training = False
@@ -415,27 +413,31 @@ class VACO(LaggedRolloutMixin, OnPolicyAlgorithm):
 
         if skipped_minibatches:
             warnings.warn(f"VACO skipped {skipped_minibatches} minibatch(es) with a non-finite loss in this update")
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        diagnostics.update(
+            tv_behavior=[tv_behavior],
+            skipped_minibatches=[skipped_minibatches],
+            loss=[loss.item()],
+            explained_variance=[
+                explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+            ],
+        )
+        self._record_diagnostics(diagnostics, tv_threshold, clip_range, clip_range_vf)
 
-        self.logger.record("train/entropy_loss", np.mean(entropy_losses))
-        self.logger.record("train/policy_gradient_loss", np.mean(pg_losses))
-        self.logger.record("train/value_loss", np.mean(value_losses))
-        self.logger.record("train/approx_kl", np.mean(approx_kl_divs) if approx_kl_divs else 0.0)
-        for key, values_list in surrogate_stats.items():
-            self.logger.record(f"train/{key}", np.mean(values_list))
-        self.logger.record("train/tv_behavior", tv_behavior)
-        self.logger.record("train/skipped_minibatches", skipped_minibatches)
-        self.logger.record("train/loss", loss.item())
-        self.logger.record("train/explained_variance", explained_var)
-        if hasattr(self.policy, "log_std"):
-            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+    def _record_diagnostics(
+        self, diagnostics: dict[str, list[float]], tv_threshold: float, clip_range: float, clip_range_vf: float | None
+    ) -> None:
+        """Log the means over the update under ``train/``, the current budget / clip range, PPO's ``std`` and ``n_updates``."""
+        for key, values in diagnostics.items():
+            self.logger.record(f"train/{key}", np.mean(values))
         if self.policy_loss == "tv_filter":
             self.logger.record("train/tv_threshold", tv_threshold)
         else:
             self.logger.record("train/clip_range", clip_range)
-        if self.clip_range_vf is not None:
+        if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
     def learn(
         self: SelfVACO,

@@ -7,10 +7,12 @@ never imports it.
 
 from pathlib import Path
 
+from stable_baselines3.common.base_class import BaseAlgorithm
+
 from sb3_vaco import VACO, LaggedPPO
 
 HYPERPARAMS_DIR = Path(__file__).resolve().parent.parent / "hyperparams"
-ZOO_ALGOS = {"vaco": VACO, "lagged_ppo": LaggedPPO}
+ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {"vaco": VACO, "lagged_ppo": LaggedPPO}
 
 
 def register_algos() -> None:
