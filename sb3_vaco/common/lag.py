@@ -4,24 +4,31 @@ Injected policy lag: which policy acts in each env. One place, shared by VACO an
 ``policy_lag=K`` makes every env act with the learner's parameters from K updates ago;
 ``policy_lag=(K_min, K_max)`` gives each env (actor) its own staleness, drawn uniformly per rollout,
 so one batch mixes several policy versions, as independent actors with random delays would.
+
+``n_actors > 0`` replaces the injected lag by real asynchronous actors (``sb3_vaco/common/actors/``): the lag is then
+whatever the actors' speed and the learner's update time make it.
 """
 
 from collections import deque
+from typing import Any, TypeVar
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import PyTorchObs
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_vaco.common.actors.base import ActorSettings, parse_actor_settings, pickle_env_fn
+from sb3_vaco.common.actors.pool import ActorPool, ActorProgressBarCallback, vec_wrappers_of
 from sb3_vaco.common.buffers import LaggedDictRolloutBuffer, LaggedRolloutBuffer, Observation
 
 PolicyLagSpec = int | tuple[int, int] | list[int]
+SelfLaggedOnPolicyAlgorithm = TypeVar("SelfLaggedOnPolicyAlgorithm", bound="LaggedOnPolicyAlgorithm")
 # Rows per forward pass when the learner re-evaluates a whole rollout.
 _EVAL_CHUNK = 4096
 
@@ -175,6 +182,17 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     bootstrapped: ``False`` adds ``γ·V_μ(terminal obs)`` of the *behavior* critic to the reward at
     collection time (SB3's way, what naive asynchronous PPO does); ``True`` keeps the terminal observation
     in the buffer so the learner's critic can bootstrap at train time (VACO).
+
+    With ``n_actors > 0`` the rollouts come from asynchronous actors instead (see ``docs/actors.md``);
+    the subclass passes ``n_actors``, ``actor_backend`` and ``actor_backend_kwargs`` to this constructor.
+
+    :param policy: the policy model to use
+    :param env: the environment to learn from (with actors: also what the actors build, if it is an env id)
+    :param args: the parent algorithm's positional arguments
+    :param n_actors: 0: synchronous collection (with injected ``policy_lag``); ``> 0``: that many asynchronous actors
+    :param actor_backend: ``"process"`` (local processes) or ``"ray"``
+    :param actor_backend_kwargs: actor settings (:class:`~sb3_vaco.common.actors.base.ActorSettings`)
+    :param kwargs: the parent algorithm's keyword arguments
     """
 
     bootstrap_at_train_time: bool = False
@@ -183,10 +201,30 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     rollout_buffer: LaggedRolloutBuffer
     _policy_lag: PolicyLag
 
+    def __init__(
+        self,
+        policy: Any,
+        env: GymEnv | str,
+        *args: Any,
+        n_actors: int = 0,
+        actor_backend: str = "process",
+        actor_backend_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Set before the parent constructor, which may build the model.
+        self.n_actors = n_actors
+        self.actor_backend = actor_backend
+        self.actor_backend_kwargs = actor_backend_kwargs
+        self._actor_settings: ActorSettings = parse_actor_settings(n_actors, actor_backend, actor_backend_kwargs)
+        self._actor_env_id = env if isinstance(env, str) else None  # what the actors build by default
+        self._actors: ActorPool | None = None
+        super().__init__(policy, env, *args, **kwargs)
+
     def _setup_model(self) -> None:
         if self.rollout_buffer_class is None:
             is_dict = isinstance(self.observation_space, spaces.Dict)
             self.rollout_buffer_class = LaggedDictRolloutBuffer if is_dict else LaggedRolloutBuffer
+        self._setup_actors()
         super()._setup_model()
         if not issubclass(self.rollout_buffer_class, LaggedRolloutBuffer):
             raise ValueError(
@@ -196,7 +234,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _learner_tv_to_behavior(self) -> float:
         """``½·mean|π_T/μ − 1|`` over the rollout: how far the learner is from the policies that acted."""
-        if not self._policy_lag.enabled:
+        if not self._policy_lag.enabled and self.n_actors == 0:
             return 0.0
         buffer = self.rollout_buffer
         self.policy.set_training_mode(False)
@@ -222,8 +260,9 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         return values, log_probs
 
     def _excluded_save_params(self) -> list[str]:
-        # The snapshot ring is runtime state: after `load()`, lag builds up again from the loaded parameters.
-        return [*super()._excluded_save_params(), "_policy_lag"]
+        # The snapshot ring and the actors are runtime state: after `load()`, lag builds up again from the loaded
+        # parameters, and actors start at the next `learn()`.
+        return [*super()._excluded_save_params(), "_policy_lag", "_actors", "_actor_settings"]
 
     def collect_rollouts(
         self,
@@ -236,7 +275,10 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         ``OnPolicyAlgorithm.collect_rollouts`` with the acting policy chosen by :class:`PolicyLag`.
         Copied from SB3 2.9 because SB3 offers no hook for the acting policy; the changes are marked ``lag:``.
         With ``policy_lag=0`` it makes exactly the same calls, in the same order, as SB3's.
+        With ``n_actors > 0`` the rollout comes from the actors instead (:meth:`_collect_rollouts_from_actors`).
         """
+        if self.n_actors > 0:
+            return self._collect_rollouts_from_actors(callback, rollout_buffer)
         assert self._last_obs is not None, "No previous observation was provided"
         assert isinstance(rollout_buffer, LaggedRolloutBuffer)
         lag: PolicyLag = self._policy_lag
@@ -339,9 +381,158 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _record_lag(self, lag: PolicyLag) -> None:
         """Log the measured staleness of this rollout, in policy versions and in gradient steps."""
-        versions_behind = lag.version - lag.env_versions
+        self._record_lag_stats(lag.version, lag.version - lag.env_versions, lag.env_lag_epochs)
+
+    def _record_lag_stats(self, version: int, versions_behind: np.ndarray, lag_epochs: np.ndarray) -> None:
+        """Log the staleness per env column: in policy versions, and in gradient steps (epochs × minibatches per epoch)."""
         minibatches_per_epoch = int(np.ceil(self.n_steps * self.n_envs / self.batch_size))
-        self.logger.record("rollout/policy_version", lag.version)
+        self.logger.record("rollout/policy_version", version)
         self.logger.record("rollout/policy_lag_mean", float(np.mean(versions_behind)))
         self.logger.record("rollout/policy_lag_max", int(np.max(versions_behind)))
-        self.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag.env_lag_epochs)) * minibatches_per_epoch)
+        self.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag_epochs)) * minibatches_per_epoch)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Asynchronous actors (n_actors > 0); see sb3_vaco/common/actors/ and docs/actors.md
+
+    def _setup_actors(self) -> None:
+        """Validate the actor settings; with actors, the buffer's columns are the actors' envs."""
+        self._actor_settings = parse_actor_settings(self.n_actors, self.actor_backend, self.actor_backend_kwargs)
+        self._actors = None
+        if self.n_actors == 0:
+            return
+        if parse_policy_lag(self.policy_lag) != (0, 0):
+            raise ValueError(
+                f"`policy_lag` must be 0 when n_actors > 0 (the actors' lag is real, not injected), got {self.policy_lag!r}"
+            )
+        self.n_envs = self._actor_settings.n_envs
+        if self.env is not None:
+            self._actor_env_fn()
+            vec_wrappers_of(self.env)
+
+    def _rollout_n_envs(self) -> int:
+        """Columns of the rollout buffer: the envs of all actors with actors, else the env's."""
+        if self.n_actors > 0:
+            return self._actor_settings.n_envs
+        assert self.env is not None
+        return self.env.num_envs
+
+    def _actor_env_fn(self) -> Any:
+        """The env id or factory the actors build their envs from (checked to be picklable)."""
+        env_fn = self._actor_settings.env_fn if self._actor_settings.env_fn is not None else self._actor_env_id
+        if env_fn is None:
+            hint = ""
+            try:
+                spec = self.env.get_attr("spec", indices=[0])[0] if self.env is not None else None
+                hint = f", e.g. actor_backend_kwargs={{'env_fn': {spec.id!r}}}" if spec is not None else ""
+            except Exception:  # the env has no registered spec: no hint
+                pass
+            raise ValueError(
+                "With n_actors > 0 the actors build their own envs: pass `env` as an env id string, or an env factory as "
+                f"actor_backend_kwargs={{'env_fn': ...}} (an env id or a picklable callable returning a gym.Env){hint}"
+            )
+        pickle_env_fn(env_fn)
+        return env_fn
+
+    def _collect_rollouts_from_actors(self, callback: BaseCallback, rollout_buffer: RolloutBuffer) -> bool:
+        """
+        ``collect_rollouts`` with asynchronous actors: publish the learner's parameters if it was updated since the
+        last batch, take the next ``n_actors`` segments (whichever actors and versions produced them), then replay
+        them step by step into the buffer exactly as a synchronous rollout of ``n_actors * n_envs_per_actor`` envs is
+        stored: the same ``add()`` calls and truncation handling, the episode-info buffer, and ``callback.on_step()``
+        once per step row (``num_timesteps`` advanced by the ``n_envs`` transitions of the row). The callbacks thus
+        run in a burst once the batch has arrived; returning False stops training as usual.
+        """
+        assert isinstance(rollout_buffer, LaggedRolloutBuffer) and self.env is not None
+        if self._actors is None:
+            self._actors = ActorPool(
+                self._actor_settings,
+                self._actor_env_fn(),
+                self.env,
+                self.policy,
+                self.n_steps,
+                self.use_sde,
+                self.sde_sample_freq,
+                self.seed,
+            )
+        pool = self._actors
+        self.policy.set_training_mode(False)
+        vec_normalize = self.get_vec_normalize_env()
+        pool.publish(self.policy, self._n_updates, vec_normalize)  # a new version after every train()
+        rollout_buffer.reset()
+        callback.on_rollout_start()
+        batch = pool.collect(self.n_actors, vec_normalize)
+
+        for step in range(self.n_steps):
+            rewards = batch.rewards[step].copy()
+            dones = batch.dones[step]
+            infos = batch.infos(step)
+            self.num_timesteps += batch.n_envs
+            callback.update_locals(locals())
+            if not callback.on_step():
+                return False
+            self._update_info_buffer(infos, dones)
+            actions = batch.actions[step]
+            if isinstance(self.action_space, spaces.Discrete):
+                actions = actions.reshape(-1, 1)
+            for idx, info in enumerate(infos):
+                if "terminal_observation" in info:  # time-limit truncations only
+                    if self.bootstrap_at_train_time:
+                        rollout_buffer.add_truncation(idx, info["terminal_observation"])
+                    else:
+                        rewards[idx] += self.gamma * batch.truncations[(step, idx)][1]  # the behavior critic's value
+            rollout_buffer.add(
+                batch.observations_at(step),
+                actions,
+                rewards,
+                batch.episode_starts[step],
+                th.as_tensor(batch.values[step]),
+                th.as_tensor(batch.log_probs[step]),
+                behavior_version=batch.versions,
+            )
+
+        rollout_buffer.compute_returns_and_advantage(last_values=th.as_tensor(batch.last_values), dones=batch.last_dones)
+        rollout_buffer.set_bootstrap(batch.last_observations, batch.last_dones)
+        lag_epochs = self._n_updates - np.array([pool.version_n_updates[version] for version in batch.versions])
+        self._record_lag_stats(pool.version, pool.version - batch.versions, lag_epochs)
+        self.logger.record("rollout/actor_restarts", pool.restarts)
+        self.logger.record("rollout/actor_segments_dropped", pool.dropped_segments)
+        self.logger.record("rollout/actor_wait_time", pool.wait_seconds)
+
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def close_actors(self) -> None:
+        """Stop the actors, if any are running (``learn()`` does it when it returns or raises)."""
+        if self._actors is not None:
+            self._actors.close()
+            self._actors = None
+
+    def learn(self: SelfLaggedOnPolicyAlgorithm, *args: Any, **kwargs: Any) -> SelfLaggedOnPolicyAlgorithm:
+        """The parent's ``learn()``; actors (if any) are shut down when it returns or raises, Ctrl-C included."""
+        try:
+            return super().learn(*args, **kwargs)
+        finally:
+            self.close_actors()
+
+    def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
+        if self.n_actors == 0:
+            super().set_env(env, force_reset)
+            return
+        # SB3 requires env.num_envs == n_envs; with actors, n_envs counts the actors' envs, not the learner's env.
+        self.n_envs = env.num_envs if isinstance(env, VecEnv) else 1
+        try:
+            super().set_env(env, force_reset)
+            vec_wrappers_of(self.env)  # type: ignore[arg-type]
+        finally:
+            self.n_envs = self._actor_settings.n_envs
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        if not (progress_bar and self.n_actors > 0):
+            return super()._init_callback(callback, progress_bar)
+        # SB3's bar advances by the learner env's num_envs per on_step(); with actors a step row has n_envs transitions.
+        if isinstance(callback, list):
+            callback = CallbackList(callback)
+        if not isinstance(callback, BaseCallback):
+            callback = ConvertCallback(callback)
+        return super()._init_callback(CallbackList([callback, ActorProgressBarCallback()]), progress_bar=False)

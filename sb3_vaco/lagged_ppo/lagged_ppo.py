@@ -21,6 +21,11 @@ class LaggedPPO(LaggedOnPolicyAlgorithm, PPO):
     :param args: PPO's positional arguments after ``env``
     :param policy_lag: Injected policy lag: every env acts with the learner's parameters from ``K`` updates
         ago, or, for a pair ``(K_min, K_max)``, each env with its own staleness drawn per rollout
+    :param n_actors: Number of asynchronous actors collecting the rollouts (0: synchronous collection in ``env``).
+        With actors the lag is real (``policy_lag`` must be 0) and the buffer has ``n_actors * n_envs_per_actor`` columns
+    :param actor_backend: ``"process"`` (local processes) or ``"ray"`` (local Ray or a cluster)
+    :param actor_backend_kwargs: Actor settings: ``env_fn``, ``n_envs_per_actor``, ``delay``, ``actor_timeout``, ...
+        (see ``docs/actors.md``)
     :param kwargs: Every other argument of :class:`stable_baselines3.PPO`, with the same defaults
     """
 
@@ -30,12 +35,23 @@ class LaggedPPO(LaggedOnPolicyAlgorithm, PPO):
         env: GymEnv | str,
         *args: Any,
         policy_lag: PolicyLagSpec = 0,
+        n_actors: int = 0,
+        actor_backend: str = "process",
+        actor_backend_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
         parse_policy_lag(policy_lag)
         # Set before PPO's constructor, which may build the model (and the lag ring with it).
         self.policy_lag = policy_lag
-        super().__init__(policy, env, *args, **kwargs)
+        super().__init__(
+            policy,
+            env,
+            *args,
+            n_actors=n_actors,
+            actor_backend=actor_backend,
+            actor_backend_kwargs=actor_backend_kwargs,
+            **kwargs,
+        )
 
     def train(self) -> None:
         """Log ``train/tv_behavior`` (the learner's distance to the acting policies), then run SB3's ``PPO.train()``."""

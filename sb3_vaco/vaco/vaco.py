@@ -75,6 +75,11 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: once per rollout)
     :param policy_lag: Injected policy lag: every env acts with the learner's parameters from ``K`` updates
         ago, or, for a pair ``(K_min, K_max)``, each env with its own staleness drawn per rollout
+    :param n_actors: Number of asynchronous actors collecting the rollouts (0: synchronous collection in ``env``).
+        With actors the lag is real (``policy_lag`` must be 0) and the buffer has ``n_actors * n_envs_per_actor`` columns
+    :param actor_backend: ``"process"`` (local processes) or ``"ray"`` (local Ray or a cluster)
+    :param actor_backend_kwargs: Actor settings: ``env_fn``, ``n_envs_per_actor``, ``delay``, ``actor_timeout``, ...
+        (see ``docs/actors.md``)
     :param rollout_buffer_class: Rollout buffer class (a :class:`LaggedRolloutBuffer`); chosen automatically if None
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation
     :param target_kl: Stop the epochs early when the estimated KL from the learner at the start of the update
@@ -124,6 +129,9 @@ class VACO(LaggedOnPolicyAlgorithm):
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         policy_lag: PolicyLagSpec = 0,
+        n_actors: int = 0,
+        actor_backend: str = "process",
+        actor_backend_kwargs: dict[str, Any] | None = None,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
         rollout_buffer_kwargs: dict[str, Any] | None = None,
         target_kl: float | None = None,
@@ -155,6 +163,9 @@ class VACO(LaggedOnPolicyAlgorithm):
             verbose=verbose,
             device=device,
             seed=seed,
+            n_actors=n_actors,
+            actor_backend=actor_backend,
+            actor_backend_kwargs=actor_backend_kwargs,
             _init_setup_model=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
         )
@@ -214,7 +225,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             f"`batch_size` must be >= {min_batch_size} (advantages are normalized per minibatch), got {self.batch_size}",
         )
         if self.env is not None:
-            buffer_size = self.n_steps * self.env.num_envs
+            buffer_size = self.n_steps * self._rollout_n_envs()
             require(
                 self.batch_size <= buffer_size,
                 f"`batch_size` ({self.batch_size}) must be <= n_steps * n_envs = {buffer_size}: "

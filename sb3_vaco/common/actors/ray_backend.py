@@ -1,0 +1,201 @@
+"""
+Actors as Ray actors, on this machine or on a cluster (optional extra: ``pip install "ray>=2.40"``).
+
+The learner (Ray driver) keeps ``max_pending_segments`` ``collect`` calls in flight per actor. Each call carries the
+newest published parameters as an object reference (``ray.put`` once per version; ``None`` when the actor already
+has them): the same rule as the process backend, the actor acts with the newest version at the start of a segment.
+A call that fails because its actor died (``RayActorError``) or that has not finished after ``actor_timeout``
+seconds gets its actor killed and replaced; an exception raised by the actor's code is re-raised in the learner.
+"""
+
+import os
+import signal
+import time
+import traceback
+import warnings
+from collections import deque
+from typing import Any
+
+import cloudpickle
+
+from sb3_vaco.common.actors.base import ActorBackend, ActorSettings, ActorSpec, Payload, Segment
+from sb3_vaco.common.actors.worker import ActorWorker
+
+_POLL_SECONDS = 0.05
+_HEALTH_CHECK_SECONDS = 0.5
+
+
+class _RayActor:
+    """The Ray actor class (wrapped with ``ray.remote`` at start, so this module imports without Ray)."""
+
+    def __init__(self, spec_bytes: bytes, actor_id: int, incarnation: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the actors
+        self.worker: ActorWorker | None = None
+        self.error: str | None = None
+        try:
+            self.worker = ActorWorker(cloudpickle.loads(spec_bytes), actor_id, incarnation)
+        except Exception:
+            # Reported by collect(): an actor that fails to build its envs is a bug to raise, not a death to retry.
+            self.error = traceback.format_exc()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def collect(self, version: int, payload: Payload | None) -> Segment:
+        if self.worker is None:
+            raise RuntimeError(f"the actor could not be built:\n{self.error}")
+        if payload is not None:
+            self.worker.set_weights(version, payload)
+        segment = self.worker.collect()
+        self.worker.sleep_delay()
+        return segment
+
+
+class _RaySlot:
+    def __init__(self, actor_id: int, incarnation: int, handle: Any, pid_ref: Any) -> None:
+        self.actor_id = actor_id
+        self.incarnation = incarnation
+        self.handle = handle
+        self.pid_ref = pid_ref
+        self.pid: int | None = None
+        self.version = -1  # newest version sent to it
+        self.in_flight: deque[Any] = deque()  # collect() calls, oldest first (Ray runs them in order)
+        self.busy_since = time.time()  # when its oldest unfinished call started running (approximately)
+
+
+class RayActorBackend(ActorBackend):
+    """
+    :class:`~sb3_vaco.common.actors.base.ActorBackend` with Ray actors.
+
+    Starts Ray locally (``ray.init(num_cpus=..., include_dashboard=False)``) when it is not initialized and no
+    ``address`` is given, and shuts it down on :meth:`close`; joins a cluster with ``address`` (and leaves it running).
+
+    :param spec: what each actor builds
+    :param settings: validated actor settings
+    """
+
+    def __init__(self, spec: ActorSpec, settings: ActorSettings) -> None:
+        super().__init__(spec, settings)
+        try:
+            import ray
+        except ImportError as error:
+            raise ImportError('actor_backend="ray" needs Ray: pip install "ray>=2.40"') from error
+        self._ray = ray
+        self._spec_bytes = cloudpickle.dumps(spec)
+        self._slots: dict[int, _RaySlot] = {}
+        self._owns_ray = False
+        self._remote_class: Any = None
+        self._version = -1
+        self._weights_ref: Any = None
+        self._next_health_check = 0.0
+        self._closed = False
+
+    def start(self, version: int, payload: Payload) -> None:
+        ray, settings = self._ray, self.settings
+        if not ray.is_initialized():
+            init_kwargs = dict(settings.ray_init_kwargs or {})
+            if settings.address is not None:
+                ray.init(address=settings.address, **init_kwargs)
+            else:
+                init_kwargs.setdefault("num_cpus", settings.num_cpus or settings.n_actors)
+                init_kwargs.setdefault("include_dashboard", False)
+                ray.init(**init_kwargs)
+                self._owns_ray = True
+        options = {"num_cpus": 1, **(settings.actor_options or {})}
+        self._remote_class = ray.remote(_RayActor).options(max_restarts=0, **options)
+        self.publish(version, payload)
+        for actor_id in range(settings.n_actors):
+            self._slots[actor_id] = self._spawn(actor_id, incarnation=0)
+
+    def _spawn(self, actor_id: int, incarnation: int) -> _RaySlot:
+        handle = self._remote_class.remote(self._spec_bytes, actor_id, incarnation)
+        slot = _RaySlot(actor_id, incarnation, handle, handle.pid.remote())
+        for _ in range(self.settings.max_pending_segments):
+            self._submit(slot)
+        return slot
+
+    def _submit(self, slot: _RaySlot) -> None:
+        payload = self._weights_ref if slot.version != self._version else None
+        if not slot.in_flight:
+            slot.busy_since = time.time()
+        slot.in_flight.append(slot.handle.collect.remote(self._version, payload))
+        slot.version = self._version
+
+    def publish(self, version: int, payload: Payload) -> None:
+        self._version = version
+        self._weights_ref = self._ray.put(payload)
+
+    def next_segment(self) -> Segment:
+        ray = self._ray
+        while True:
+            if time.monotonic() >= self._next_health_check:
+                self._check_health()
+            owners = {slot.in_flight[0]: slot for slot in self._slots.values() if slot.in_flight}
+            if not owners:  # every actor was just replaced and has nothing in flight yet: cannot happen, be safe
+                for slot in self._slots.values():
+                    self._submit(slot)
+                continue
+            ready, _ = ray.wait(list(owners), num_returns=1, timeout=_POLL_SECONDS)
+            if ready:
+                slot = owners[ready[0]]
+                slot.in_flight.popleft()
+                slot.busy_since = time.time()
+                try:
+                    segment = ray.get(ready[0])
+                except ray.exceptions.RayActorError as error:
+                    self._replace(slot, f"died ({type(error).__name__})")
+                    continue
+                except ray.exceptions.RayTaskError as error:
+                    raise RuntimeError(f"Actor {slot.actor_id} failed:\n{error}") from error
+                self._submit(slot)
+                return segment
+            self._check_health()
+
+    def _check_health(self) -> None:
+        """Replace actors whose segment is overdue (hung, or never started); learn the pids of new actors."""
+        self._next_health_check = time.monotonic() + _HEALTH_CHECK_SECONDS
+        ray, now = self._ray, time.time()
+        for slot in list(self._slots.values()):
+            if slot.pid is None and ray.wait([slot.pid_ref], timeout=0)[0]:
+                try:
+                    slot.pid = ray.get(slot.pid_ref)
+                    slot.busy_since = max(slot.busy_since, now)  # started: its first segment begins about now
+                except ray.exceptions.RayActorError:
+                    pass  # its collect() call reports the death
+            timeout = self.settings.actor_timeout if slot.pid is not None else self.settings.startup_timeout
+            if not slot.in_flight or now - slot.busy_since <= timeout:
+                continue
+            if not ray.wait([slot.in_flight[0]], timeout=0)[0]:  # a finished segment waiting to be taken is no hang
+                self._replace(slot, f"hung (no segment for {now - slot.busy_since:.1f} s > timeout)")
+
+    def _replace(self, slot: _RaySlot, reason: str) -> None:
+        message = f"Actor {slot.actor_id} (pid {slot.pid}) {reason}; starting a replacement"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        self._kill(slot)
+        self._slots.pop(slot.actor_id)
+        self._record_restart(message)
+        self._slots[slot.actor_id] = self._spawn(slot.actor_id, slot.incarnation + 1)
+
+    def _kill(self, slot: _RaySlot) -> None:
+        try:
+            self._ray.kill(slot.handle, no_restart=True)
+        except Exception:
+            pass
+
+    def pids(self) -> dict[int, int]:
+        pids = {}
+        for actor_id, slot in self._slots.items():
+            if slot.pid is None:
+                slot.pid = self._ray.get(slot.pid_ref, timeout=self.settings.startup_timeout)
+            pids[actor_id] = slot.pid
+        return pids
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for slot in self._slots.values():
+            self._kill(slot)
+        self._slots.clear()
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
