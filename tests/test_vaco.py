@@ -248,3 +248,11 @@ def test_unsupported_observation_space_gets_sb3_error():
 
     with pytest.raises(NotImplementedError):
         VACO("MlpPolicy", TupleObsEnv())
+
+
+def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
+    model = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, tv_lag_scaling=True, **TINY)
+    model.learn(TINY["n_steps"] * 6)  # lag is fully built up from the 4th rollout on
+    assert model.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / (1 + 3))
+    unscaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, **TINY).learn(TINY["n_steps"] * 6)
+    assert unscaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)

@@ -231,6 +231,8 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
                 f"`rollout_buffer_class` must be a subclass of LaggedRolloutBuffer, got {self.rollout_buffer_class.__name__}"
             )
         self._policy_lag = PolicyLag(self.policy_lag, seed=self.seed)
+        # Mean staleness (in policy versions) of the samples in the current rollout, measured at collection.
+        self._rollout_policy_lag = 0.0
 
     def _learner_tv_to_behavior(self) -> float:
         """``½·mean|π_T/μ − 1|`` over the rollout: how far the learner is from the policies that acted."""
@@ -262,7 +264,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         # The snapshot ring and the actors are runtime state: after `load()`, lag builds up again from the loaded
         # parameters, and actors start at the next `learn()`.
-        return [*super()._excluded_save_params(), "_policy_lag", "_actors", "_actor_settings"]
+        return [*super()._excluded_save_params(), "_policy_lag", "_rollout_policy_lag", "_actors", "_actor_settings"]
 
     def collect_rollouts(
         self,
@@ -386,6 +388,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     def _record_lag_stats(self, version: int, versions_behind: np.ndarray, lag_epochs: np.ndarray) -> None:
         """Log the staleness per env column: in policy versions, and in gradient steps (epochs × minibatches per epoch)."""
         minibatches_per_epoch = int(np.ceil(self.n_steps * self.n_envs / self.batch_size))
+        self._rollout_policy_lag = float(np.mean(versions_behind))
         self.logger.record("rollout/policy_version", version)
         self.logger.record("rollout/policy_lag_mean", float(np.mean(versions_behind)))
         self.logger.record("rollout/policy_lag_max", int(np.max(versions_behind)))

@@ -64,6 +64,9 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
         and no importance correction: the "filter only" ablation)
     :param realign_every_epoch: Recompute the realignment before every epoch instead of once per batch
+    :param tv_lag_scaling: Divide the TV budget by ``1 + k̄``, with ``k̄`` the rollout's measured mean staleness in
+        updates. At a steady per-update move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from
+        the behavior data, as without lag: the trust region shrinks for stale samples as in GePPO (Queeney et al., 2021)
     :param clip_range: ε of ``policy_loss="clip"`` and ``"spo"`` (float or schedule)
     :param clip_range_vf: Clipping of the value function around the learner's values at the start of the update
     :param kl_coef: β of ``policy_loss="kl"``
@@ -119,6 +122,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
         realign_every_epoch: bool = False,
+        tv_lag_scaling: bool = False,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         kl_coef: float = 1.0,
@@ -179,6 +183,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.policy_loss = policy_loss
         self.advantage_estimator = advantage_estimator
         self.realign_every_epoch = realign_every_epoch
+        self.tv_lag_scaling = tv_lag_scaling
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
         self.kl_coef = kl_coef
@@ -354,6 +359,8 @@ class VACO(LaggedOnPolicyAlgorithm):
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
 
         tv_behavior = self._realign()
+        if self.tv_lag_scaling:
+            tv_threshold /= 1.0 + self._rollout_policy_lag
         if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
             tv_threshold += tv_behavior
 
