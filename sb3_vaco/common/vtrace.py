@@ -2,6 +2,7 @@
 
 from typing import NamedTuple
 
+import numpy as np
 import torch as th
 
 
@@ -62,12 +63,15 @@ def vtrace(
     deltas = clipped_rhos * (rewards + gamma * next_values - values)
 
     # Backward recursion on the corrections v_t − V(s_t); at t = T − 1 the trace stops at the bootstrap.
-    corrections = th.zeros_like(values)
-    correction = th.zeros_like(values[0])
-    for t in reversed(range(values.shape[0])):
-        correction = deltas[t] + gamma * cs[t] * not_dones[t] * correction
+    # The loop runs in numpy: per-step torch ops cost ~10x more for [n_envs]-sized rows.
+    step_deltas = deltas.detach().cpu().numpy()
+    decays = (gamma * cs * not_dones).detach().cpu().numpy()
+    corrections = np.zeros_like(step_deltas)
+    correction = np.zeros_like(step_deltas[0])
+    for t in reversed(range(len(step_deltas))):
+        correction = step_deltas[t] + decays[t] * correction
         corrections[t] = correction
-    value_targets = values + corrections
+    value_targets = values + th.as_tensor(corrections, device=values.device)
 
     # v'_{t+1}: the V-trace target of the next state inside an episode, the bootstrap value otherwise.
     next_targets = next_values.clone()
