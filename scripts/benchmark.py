@@ -530,14 +530,15 @@ def _eval_curve(model: Any, eval_callback: EvalCallback, spec: RunSpec) -> dict[
 def train_and_evaluate(spec: RunSpec, scratch: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Train one run through the zoo's ExperimentManager in ``scratch``; return the result record and progress rows."""
     import gymnasium as gym
-    from rl_zoo3.exp_manager import ExperimentManager
 
     from sb3_vaco.zoo import HYPERPARAMS_DIR, register_algos
+    from sb3_vaco.zoo.exp_manager import VACOExperimentManager
 
     register_algos()
     start, cpu_start = time.perf_counter(), time.process_time()
     zoo_args = argparse.Namespace(algo=spec.algo, env=spec.env, seed=spec.seed, run_id=spec.run_id)
-    manager = ExperimentManager(
+    # The zoo's manager with VACO's schedules (`tv_threshold: lin_...`) and configuration checks
+    manager = VACOExperimentManager(
         zoo_args,
         spec.algo,
         spec.env,

@@ -1,0 +1,376 @@
+"""
+RL Zoo / Optuna integration, end to end through the command line (``python -m sb3_vaco.zoo ...``).
+
+Every command runs in a subprocess: ``import rl_zoo3`` patches gymnasium's TimeLimit globally, which must not leak
+into the other tests of the session. Tiny budgets, one torch thread.
+"""
+
+import csv
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from sb3_vaco.zoo import HYPERPARAMS_DIR
+
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "MPLBACKEND": "Agg",
+    "MUJOCO_GL": "egl",
+    "PYOPENGL_PLATFORM": "egl",
+    "SDL_VIDEODRIVER": "dummy",
+    "PYTHONWARNINGS": "ignore",
+}
+CARTPOLE_PARAMS = [
+    "n_steps:16",
+    "n_epochs:2",
+    "batch_size:64",
+    "tv_threshold:lin_0.3",
+    "tv_reference:budget",
+    "vtrace_rho_bar:2.0",
+    "vtrace_c_bar:0.5",
+    "policy_lag:2",
+]
+MUJOCO_ENVS = (
+    "Hopper-v5",
+    "HalfCheetah-v5",
+    "Walker2d-v5",
+    "Ant-v5",
+    "Swimmer-v5",
+    "Reacher-v5",
+    "InvertedPendulum-v5",
+    "InvertedDoublePendulum-v5",
+    "Humanoid-v5",
+)
+CLASSIC_ENVS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "LunarLander-v3")
+
+
+def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m sb3_vaco.zoo <args>`` in ``cwd``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "sb3_vaco.zoo", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    if check:
+        assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def run_python(cwd: Path, code: str) -> str:
+    """Run a Python snippet in a subprocess (it may import rl_zoo3) and return its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"snippet failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def load_yaml(path: Path) -> Any:
+    with open(path) as file:
+        return yaml.load(file, Loader=yaml.UnsafeLoader)  # config.yml is an OrderedDict dump
+
+
+def run_folders(logs: Path) -> list[str]:
+    return sorted(str(path.relative_to(logs)) for path in logs.glob("*/*_[0-9]*") if path.is_dir())
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Train VACO on CartPole-v1 and InvertedPendulum-v5 and LaggedPPO on CartPole-v1, with tiny budgets."""
+    root = tmp_path_factory.mktemp("zoo")
+    common = ["--num-threads", "1", "--seed", "3", "--eval-episodes", "2", "-f", "logs"]
+    run(root, "train", "--algo", "vaco", "--env", "CartPole-v1", "-n", "512", "--eval-freq", "128", *common,
+        "-params", *CARTPOLE_PARAMS)  # fmt: skip
+    run(root, "train", "--algo", "vaco", "--env", "InvertedPendulum-v5", "-n", "256", "--eval-freq", "128", *common,
+        "-params", "n_steps:64", "batch_size:32", "n_epochs:2", "tv_threshold:0.1")  # fmt: skip
+    run(root, "train", "--algo", "lagged_ppo", "--env", "CartPole-v1", "-n", "512", "--eval-freq", "128", *common,
+        "-params", "n_steps:16", "n_epochs:2", "policy_lag:1")  # fmt: skip
+    return root / "logs"
+
+
+def test_train_writes_run_with_vaco_config(logs: Path) -> None:
+    run_dir = logs / "vaco" / "CartPole-v1_1"
+    assert (run_dir / "CartPole-v1.zip").is_file()
+    assert (run_dir / "best_model.zip").is_file()
+    config = load_yaml(run_dir / "CartPole-v1" / "config.yml")
+    # -params override the shipped entry...
+    assert config["tv_threshold"] == "lin_0.3"
+    assert config["tv_reference"] == "budget"
+    assert config["vtrace_rho_bar"] == 2.0
+    assert config["vtrace_c_bar"] == 0.5
+    assert config["policy_lag"] == 2
+    assert config["n_steps"] == 16
+    # ...and the rest comes from the shipped vaco.yml, found without --conf-file
+    shipped = yaml.safe_load((HYPERPARAMS_DIR / "vaco.yml").read_text())["CartPole-v1"]
+    assert config["n_envs"] == shipped["n_envs"] == 8
+    assert config["learning_rate"] == shipped["learning_rate"]
+    args = load_yaml(run_dir / "CartPole-v1" / "args.yml")
+    assert Path(args["conf_file"]) == HYPERPARAMS_DIR / "vaco.yml"
+    assert args["algo"] == "vaco"
+
+    evaluations = np.load(run_dir / "evaluations.npz")
+    assert len(evaluations["timesteps"]) >= 2
+    assert evaluations["results"].shape == (len(evaluations["timesteps"]), 2)
+
+    mujoco_dir = logs / "vaco" / "InvertedPendulum-v5_1"
+    assert (mujoco_dir / "InvertedPendulum-v5.zip").is_file()
+    assert (mujoco_dir / "InvertedPendulum-v5" / "vecnormalize.pkl").is_file()  # normalize: true in the entry
+    mujoco_config = load_yaml(mujoco_dir / "InvertedPendulum-v5" / "config.yml")
+    assert mujoco_config["normalize"] is True
+    assert mujoco_config["tv_threshold"] == 0.1
+    assert mujoco_config["n_steps"] == 64
+    assert len(np.load(mujoco_dir / "evaluations.npz")["timesteps"]) >= 1
+
+
+def test_saved_models_load_as_their_class(logs: Path) -> None:
+    out = run_python(
+        logs,
+        """
+        import json
+        from sb3_vaco.zoo import register_algos
+        from rl_zoo3.utils import ALGOS
+        register_algos()
+        vaco = ALGOS["vaco"].load("vaco/CartPole-v1_1/CartPole-v1.zip")
+        ppo = ALGOS["lagged_ppo"].load("lagged_ppo/CartPole-v1_1/CartPole-v1.zip")
+        print(json.dumps({
+            "vaco": type(vaco).__name__, "tv_reference": vaco.tv_reference, "policy_lag": vaco.policy_lag,
+            "rho_bar": vaco.vtrace_rho_bar, "delta_start": vaco.tv_threshold(1.0), "delta_half": vaco.tv_threshold(0.5),
+            "lagged_ppo": type(ppo).__name__, "ppo_lag": ppo.policy_lag,
+        }))
+        """,
+    )
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert loaded["vaco"] == "VACO"
+    assert loaded["tv_reference"] == "budget"
+    assert loaded["policy_lag"] == 2
+    assert loaded["rho_bar"] == 2.0
+    # tv_threshold: lin_0.3 is a linear schedule from 0.3 to 0
+    assert loaded["delta_start"] == pytest.approx(0.3)
+    assert loaded["delta_half"] == pytest.approx(0.15)
+    assert loaded["lagged_ppo"] == "LaggedPPO"
+    assert loaded["ppo_lag"] == 1
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "InvertedPendulum-v5"])
+def test_enjoy(logs: Path, env_id: str) -> None:
+    algo = "vaco"
+    result = run(logs.parent, "enjoy", "--algo", algo, "--env", env_id, "-f", "logs", "--no-render", "-n", "300",
+                 "--num-threads", "1")  # fmt: skip
+    assert f"Loading logs/{algo}/{env_id}_1/{env_id}.zip" in result.stdout
+    assert "Mean reward" in result.stdout
+
+
+def test_record_video(logs: Path, tmp_path: Path) -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import gymnasium as gym; e = gym.make('InvertedPendulum-v5', render_mode='rgb_array'); "
+         "e.reset(seed=0); assert e.render().shape[-1] == 3"],
+        env=ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"MuJoCo offscreen rendering (MUJOCO_GL=egl) does not work here: {probe.stderr.strip()[-300:]}")
+    run(logs.parent, "record_video", "--algo", "vaco", "--env", "InvertedPendulum-v5", "-f", "logs", "-n", "40",
+        "-o", str(tmp_path / "videos"))  # fmt: skip
+    videos = list((tmp_path / "videos").glob("*.mp4"))
+    assert len(videos) == 1
+    assert videos[0].name.startswith("final-model-vaco-InvertedPendulum-v5")
+    assert videos[0].stat().st_size > 1000
+
+
+def test_all_plots(logs: Path) -> None:
+    result = run(logs.parent, "all_plots", "-a", "vaco", "lagged_ppo", "-e", "CartPole", "InvertedPendulum", "-f", "logs",
+                 "--no-display", "-o", "plots")  # fmt: skip
+    assert "VACO" in result.stdout and "LAGGED_PPO" in result.stdout
+    with open(logs.parent / "plots.pkl", "rb") as file:
+        post_processed = pickle.load(file)
+    evaluations = np.load(logs / "vaco" / "CartPole-v1_1" / "evaluations.npz")
+    cartpole = post_processed["CartPole"]["VACO-logs"]
+    np.testing.assert_array_equal(cartpole["timesteps"], evaluations["timesteps"])
+    np.testing.assert_allclose(cartpole["mean"], evaluations["results"].mean(axis=1))
+    assert "LAGGED_PPO-logs" in post_processed["CartPole"]
+    assert "VACO-logs" in post_processed["InvertedPendulum"]
+
+
+def test_optimize_report_and_trial_reload(tmp_path: Path) -> None:
+    storage = "optuna/study.log"
+    run(tmp_path, "train", "--algo", "vaco", "--env", "CartPole-v1", "-optimize", "--n-trials", "2", "-n", "256",
+        "--n-evaluations", "1", "--eval-episodes", "2", "--sampler", "tpe", "--pruner", "median", "--seed", "0",
+        "--num-threads", "1", "--no-optim-plots", "--storage", storage, "--study-name", "test", "-f", "logs",
+        "-params", "n_envs:1", "policy_lag:1")  # fmt: skip
+    # The zoo's report, and no model-less run folder left behind by -optimize
+    reports = list((tmp_path / "logs" / "vaco").glob("report_CartPole-v1_2-trials-256-tpe-median_*.csv"))
+    assert len(reports) == 1
+    with open(reports[0]) as file:
+        trials = list(csv.DictReader(file))
+    assert [trial["state"] for trial in trials] == ["COMPLETE", "COMPLETE"]
+    assert {"params_tv_threshold", "params_vtrace_rho_bar", "params_vtrace_c_bar", "params_tv_reference"} <= set(trials[0])
+    assert "params_clip_range" not in trials[0]
+    assert run_folders(tmp_path / "logs") == []
+
+    # The readable report
+    run(tmp_path, "optuna_report", "--storage", storage, "--study-name", "test", "--algo", "vaco", "-o", "report/test")
+    markdown = (tmp_path / "report" / "test.md").read_text()
+    assert "Trials: 2 (2 complete)" in markdown
+    assert "-optimize --n-trials 2" in markdown  # the exact command
+    assert "## Best trial" in markdown and "tv_threshold:" in markdown
+
+    # Reload trial 0's hyperparameters with --trial-id (0: which the zoo alone would silently skip)
+    run(tmp_path, "train", "--algo", "vaco", "--env", "CartPole-v1", "--storage", storage, "--study-name", "test",
+        "--trial-id", "0", "-n", "64", "--eval-freq", "-1", "--num-threads", "1", "-f", "logs",
+        "-params", "n_envs:1", "policy_lag:1")  # fmt: skip
+    config = load_yaml(tmp_path / "logs" / "vaco" / "CartPole-v1_1" / "CartPole-v1" / "config.yml")
+    trial = trials[0]
+    assert config["batch_size"] == 2 ** int(trial["params_batch_size_pow"])
+    assert config["n_steps"] == 2 ** int(trial["params_n_steps_pow"])
+    assert config["gamma"] == pytest.approx(1 - float(trial["params_one_minus_gamma"]))
+    assert config["tv_threshold"] == float(trial["params_tv_threshold"])
+    assert config["vtrace_rho_bar"] == float(trial["params_vtrace_rho_bar"])
+    assert config["vtrace_c_bar"] == float(trial["params_vtrace_c_bar"])
+    assert config["tv_reference"] == trial["params_tv_reference"]
+    assert config["policy_lag"] == 1
+    assert (tmp_path / "logs" / "vaco" / "CartPole-v1_1" / "CartPole-v1.zip").is_file()
+
+
+def test_bad_input_fails_cleanly(logs: Path, tmp_path: Path) -> None:
+    bad_yml = tmp_path / "bad.yml"
+    bad_yml.write_text("Pendulum-v1:\n  policy: 'MlpPolicy'\n  n_timesteps: 100\n  tv_treshold: 0.1\n")
+    before = run_folders(logs)
+    # As a real command: exit code 2, one error line, no traceback
+    result = run(logs.parent, "train", "--algo", "vaco", "--env", "Hoper-v5", "-f", "logs", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "sb3-vaco train: error: unknown environment id 'Hoper-v5': it is not registered in gymnasium. Did you mean Hopper-v5?"
+    )
+    # The other cases through main(argv), in one process to save start-up time
+    cases = {
+        "unknown key in YAML": (["--env", "Pendulum-v1", "-conf", str(bad_yml)], "unknown hyperparameter `tv_treshold`",
+                                "Did you mean `tv_threshold`?"),
+        "missing YAML entry": (["--env", "CartPole-v1", "-conf", str(bad_yml)], "no hyperparameters for CartPole-v1",
+                               "no `default` entry"),
+        "unknown -params key": (["--env", "CartPole-v1", "-params", "rho_bar:2.0"], "unknown hyperparameter `rho_bar`",
+                                "(from -params)"),
+        "zoo-set key": (["--env", "CartPole-v1", "-params", "seed:3"], "`seed` (from -params) is set by the zoo", "--seed"),
+        "invalid value": (["--env", "CartPole-v1", "-params", "tv_reference:nearest"], "`tv_reference` must be one of",
+                          "'budget'"),
+        "bad schedule": (["--env", "CartPole-v1", "-params", "tv_threshold:exp_0.1"], "`tv_threshold` must be", "lin_"),
+        "missing file": (["--env", "CartPole-v1", "-conf", "nowhere.yml"], "hyperparameter file not found", "nowhere.yml"),
+        "trial without study": (["--env", "CartPole-v1", "--trial-id", "0"], "--trial-id needs --storage", "--study-name"),
+        "missing study": (["--env", "CartPole-v1", "--trial-id", "0", "--storage", "none.log", "--study-name", "s"],
+                          "no Optuna journal at none.log", ""),
+    }  # fmt: skip
+    out = run_python(
+        logs.parent,
+        f"""
+        import contextlib, io, json
+        from sb3_vaco.zoo.cli import main
+        results = {{}}
+        for name, args in {json.dumps({name: args for name, (args, *_) in cases.items()})}.items():
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                code = main(["train", "--algo", "vaco", *args, "-n", "64", "-f", "logs", "--num-threads", "1"])
+            results[name] = (code, stderr.getvalue())
+        with contextlib.redirect_stderr(io.StringIO()) as stderr:
+            results["unknown command"] = (main(["trian"]), stderr.getvalue())
+        print(json.dumps(results))
+        """,
+    )
+    results = json.loads(out.strip().splitlines()[-1])
+    for name, (_, *messages) in cases.items():
+        code, stderr = results[name]
+        assert code == 2, name
+        error_line = stderr.strip().splitlines()[-1]
+        assert error_line.startswith("sb3-vaco train: error:"), (name, stderr)
+        for message in messages:
+            assert message in error_line, (name, error_line)
+    assert results["unknown command"][0] == 2
+    assert "unknown command 'trian'. Did you mean train?" in results["unknown command"][1]
+    # Nothing half-written: no new run folder, no journal created, and enjoy still finds the last good run
+    assert run_folders(logs) == before
+    assert not (logs.parent / "none.log").exists()
+    run(logs.parent, "enjoy", "--algo", "vaco", "--env", "CartPole-v1", "-f", "logs", "--no-render", "-n", "10")
+
+
+def test_vaco_search_space_is_ppo_space_plus_vaco_knobs(tmp_path: Path) -> None:
+    out = run_python(
+        tmp_path,
+        """
+        import json
+        import optuna
+        from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER, sample_ppo_params
+        from sb3_vaco.zoo import register_algos
+        register_algos()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        ppo_trial = study.ask()
+        sample_ppo_params(ppo_trial, 1, 1, {})
+        spaces, converted, pruned = {}, None, 0
+        for _ in range(30):
+            trial = study.ask()
+            try:
+                sampled = HYPERPARAMS_SAMPLER["vaco"](trial, 1, 1, {})
+            except optuna.TrialPruned:
+                assert 2 ** trial.params["batch_size_pow"] > 2 ** trial.params["n_steps_pow"]
+                pruned += 1
+                continue
+            assert sampled["batch_size"] <= sampled["n_steps"]
+            assert HYPERPARAMS_CONVERTER["vaco"](trial.params) == sampled
+            spaces = trial.distributions
+        ppo_space = {name: repr(d) for name, d in ppo_trial.distributions.items()}
+        print(json.dumps({"ppo": ppo_space, "vaco": {name: repr(d) for name, d in spaces.items()}, "pruned": pruned}))
+        """,
+    )
+    spaces = json.loads(out.strip().splitlines()[-1])
+    ppo, vaco = spaces["ppo"], spaces["vaco"]
+    assert set(vaco) == (set(ppo) - {"clip_range"}) | {"tv_threshold", "vtrace_rho_bar", "vtrace_c_bar", "tv_reference"}
+    for name in set(ppo) - {"clip_range"}:
+        assert vaco[name] == ppo[name], name  # same ranges and choices as the zoo's PPO sampler
+
+
+def test_shipped_entries_build_models(tmp_path: Path) -> None:
+    """Every entry of vaco.yml / lagged_ppo.yml has only valid keys and builds its model on its env."""
+    for name in ("vaco", "lagged_ppo"):
+        entries = yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text())
+        assert {"default", *MUJOCO_ENVS, *CLASSIC_ENVS} <= set(entries), name
+        for env_id in MUJOCO_ENVS:
+            assert entries[env_id].get("normalize") is True, (name, env_id)
+    out = run_python(
+        tmp_path,
+        """
+        import importlib.util, json, yaml
+        from stable_baselines3.common.env_util import make_vec_env
+        from torch import nn
+        from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS
+        from sb3_vaco.zoo.exp_manager import ZOO_KEYS, VACOExperimentManager, check_hyperparameter_keys
+        built, skipped = [], []
+        for name, algo_class in ZOO_ALGOS.items():
+            for env_id, entry in yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text()).items():
+                check_hyperparameter_keys(name, algo_class, entry, {})
+                if env_id == "default":
+                    continue
+                if "LunarLander" in env_id and importlib.util.find_spec("Box2D") is None:
+                    skipped.append(f"{name}/{env_id}")
+                    continue
+                kwargs = VACOExperimentManager._preprocess_schedules(dict(entry))
+                n_envs = kwargs.get("n_envs", 1)
+                kwargs = {key: value for key, value in kwargs.items() if key not in ZOO_KEYS}
+                if isinstance(kwargs.get("policy_kwargs"), str):
+                    kwargs["policy_kwargs"] = eval(kwargs["policy_kwargs"], {"nn": nn})
+                env = make_vec_env(env_id, n_envs=n_envs)
+                algo_class(env=env, device="cpu", **kwargs)
+                env.close()
+                built.append(f"{name}/{env_id}")
+        print(json.dumps({"built": built, "skipped": skipped}))
+        """,
+    )
+    result = json.loads(out.strip().splitlines()[-1])
+    for name in ("vaco", "lagged_ppo"):
+        for env_id in MUJOCO_ENVS:
+            assert f"{name}/{env_id}" in result["built"]
+        assert f"{name}/CartPole-v1" in result["built"]
