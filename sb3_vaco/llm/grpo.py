@@ -1,0 +1,344 @@
+"""
+GRPO with VACO's total-variation filter instead of ratio clipping, and with injectable policy lag,
+as a subclass of TRL's :class:`~trl.GRPOTrainer` (``loss_type="vaco"`` switches the loss).
+"""
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch as th
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head, pad
+
+from sb3_vaco.common.losses import safe_ratio
+from sb3_vaco.llm.lag import SnapshotRing
+from sb3_vaco.llm.losses import masked_tv_filtered_surrogate
+
+TV_REFERENCES = ("behavior", "learner", "decoupled")
+
+
+@dataclass
+class VACOGRPOConfig(GRPOConfig):
+    """
+    :class:`~trl.GRPOConfig` with VACO's filter and injected policy lag. Every GRPO option keeps its meaning;
+    ``loss_type="vaco"`` (the default here) replaces the clipped surrogate by the TV filter, any of TRL's own
+    loss types (``"dapo"``, ``"grpo"``, ...) runs unchanged on the same (possibly lagged) generations.
+
+    :param tv_threshold: the TV budget ``δ`` per micro-batch
+    :param tv_reference: reference policy of the TV estimate: ``"behavior"`` (the policy that generated the
+        completions, ``q = π_θ/μ``: the paper's rule), ``"learner"`` (the policy when the generation batch enters
+        training, ``q = π_θ/π_T`` weighted by ``π_T/μ``) or ``"decoupled"`` (as ``"learner"``, weight truncated at
+        ``pg_rho_bar``). ``importance_sampling_level="sequence"`` makes the ratio, the TV estimate and the mask
+        per completion (``exp`` of the mean token log-ratio, as in GSPO) instead of per token.
+    :param pg_rho_bar: truncation of the weight ``π_T/μ`` for ``tv_reference="decoupled"``
+    :param policy_lag: generate with the learner's parameters from ``K`` optimizer steps ago (a snapshot ring;
+        ``0``: the learner generates, as in TRL)
+    """
+
+    loss_type: str = field(
+        default="vaco",
+        metadata={"help": "'vaco' (TV filter, no clipping) or any of GRPOConfig's loss types."},
+    )
+    tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ per micro-batch."})
+    tv_reference: str = field(
+        default="behavior", metadata={"help": "Reference of the TV estimate: 'behavior', 'learner' or 'decoupled'."}
+    )
+    pg_rho_bar: float = field(default=1.0, metadata={"help": "Truncation of π_T/μ for tv_reference='decoupled'."})
+    policy_lag: int = field(default=0, metadata={"help": "Generate with the learner's parameters from K optimizer steps ago."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tv_reference not in TV_REFERENCES:
+            raise ValueError(f"`tv_reference` must be one of {TV_REFERENCES}, got {self.tv_reference!r}")
+        if self.tv_threshold < 0:
+            raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
+        if self.policy_lag < 0:
+            raise ValueError(f"`policy_lag` must be >= 0, got {self.policy_lag}")
+        if self.policy_lag > 0 and self.use_vllm:
+            raise ValueError("`policy_lag` is injected with transformers generation; vLLM has its own staleness")
+
+
+class _SnapshotCallback(TrainerCallback):
+    """Pushes the learner's parameters into the trainer's snapshot ring after the optimizer steps that will act."""
+
+    def __init__(self, trainer: "VACOGRPOTrainer") -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.trainer._push_snapshot(state.global_step, force=True)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.trainer._push_snapshot(state.global_step)
+
+
+class VACOGRPOTrainer(GRPOTrainer):
+    """
+    TRL's GRPO trainer with VACO's total-variation filter ("Align and Filter", Honari et al., 2026,
+    https://arxiv.org/abs/2603.01365) and injectable policy lag.
+
+    Advantages are GRPO's group-relative ones (no critic, hence no V-trace realignment). With
+    ``loss_type="vaco"``, for each micro-batch, over its valid completion tokens::
+
+        q_t = π_θ(y_t|·) / μ(y_t|·)        μ = the policy that generated the completion (its stored log-probs)
+        D̂   = ½ · mean_t |q_t − 1|         (no gradient)
+        m_t = 0  if  D̂ > δ  and  Â · (q_t − 1) > 0  else 1
+        L   = − mean_t( m_t · q_t · Â )
+
+    No ratio clipping. See :class:`VACOGRPOConfig` for the reference policy and sequence-level options.
+
+    Policy lag (``policy_lag=K``): the learner's parameters are snapshotted (on CPU) after the optimizer steps
+    whose version will act, and each generation batch is sampled by a separate copy of the model loaded
+    with the parameters of ``K`` optimizer steps ago. Its log-probs ``μ`` are stored with the batch
+    (``behavior_per_token_logps``), together with the learner's log-probs at generation ``π_T``
+    (``learner_per_token_logps``) and each completion's ``policy_version``. Under lag, TRL's own loss types
+    take their ratio to ``μ`` (``old_per_token_logps := μ``), as SB3's PPO does with a lagged rollout buffer.
+
+    Logged (under ``train/`` in TensorBoard / W&B): ``policy_lag`` (optimizer steps between the generating
+    policy and the one being updated, per micro-batch), ``generation_lag`` (staleness when generated),
+    ``tv_behavior`` (``½·mean|π_T/μ − 1|`` at generation), and for ``"vaco"``: ``tv_estimate``,
+    ``filtered_fraction``, ``filter_active_fraction``, ``tv_to_behavior`` (``½·mean|π_θ/μ − 1|``).
+
+    The filter's minibatch is a micro-batch (one ``per_device_train_batch_size`` slice on one process): under
+    gradient accumulation the TV test runs per micro-batch. Not supported with ``"vaco"``: adaptive entropy,
+    ``top_entropy_quantile < 1``, ``off_policy_mask_threshold``. With vLLM, ``μ`` is vLLM's sampling log-prob.
+
+    Takes :class:`~trl.GRPOTrainer`'s arguments, with ``args`` a :class:`VACOGRPOConfig`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.args
+        if not isinstance(config, VACOGRPOConfig):
+            raise TypeError(f"`args` must be a VACOGRPOConfig, got {type(config).__name__}")
+        if self.loss_type == "vaco":
+            if config.use_adaptive_entropy or config.top_entropy_quantile < 1.0 or config.off_policy_mask_threshold:
+                raise ValueError(
+                    "loss_type='vaco' does not support use_adaptive_entropy, top_entropy_quantile < 1 or "
+                    "off_policy_mask_threshold"
+                )
+        self._steps_per_generation = int(config.steps_per_generation or 1)  # set by GRPOConfig.__post_init__
+        self._cast_lm_head_to_fp32 = config.cast_lm_head_to_fp32
+        self.tv_threshold = config.tv_threshold
+        self.tv_reference = config.tv_reference
+        self.pg_rho_bar = config.pg_rho_bar
+        self.policy_lag = config.policy_lag
+        self._snapshots = SnapshotRing() if self.policy_lag > 0 else None
+        self._actor: Any = None
+        self._actor_version: int | None = None
+        self._generation_version = 0
+        self._actor_acted = False
+        # (learner version at generation, version of the policy that generated), one entry per generation batch
+        self.generation_versions: list[tuple[int, int]] = []
+        if self._snapshots is not None:
+            self.add_callback(_SnapshotCallback(self))
+
+    def _training(self) -> bool:
+        return self.model is not None and self.model.training
+
+    # ----- policy lag ---------------------------------------------------------------------------------------
+
+    def _snapshot_needed(self, version: int) -> bool:
+        """Whether a generation will happen at learner version ``version + K`` (so this version will act)."""
+        target = version + self.policy_lag
+        micro_steps = self.args.gradient_accumulation_steps
+        generate_every = self._steps_per_generation * self.num_iterations  # micro-steps between generations
+        # Generations happen after n·generate_every micro-steps, i.e. at optimizer step ⌊n·generate_every / A⌋.
+        n = -(-target * micro_steps // generate_every)
+        return (n * generate_every) // micro_steps == target
+
+    def _push_snapshot(self, version: int, force: bool = False) -> None:
+        if self._snapshots is not None and (force or self._snapshot_needed(version)):
+            self._snapshots.push(version, self.accelerator.unwrap_model(self.model))
+
+    def _load_actor(self, version: int, params: dict[str, th.Tensor]) -> Any:
+        """The acting copy of the model, loaded with the parameters of ``version``."""
+        if self._actor is None:
+            actor = copy.deepcopy(self.accelerator.unwrap_model(self.model))
+            # TRL patches the instance's forward with a fused LM head whose closure calls the *learner's* original
+            # forward: drop the copied patch and patch the copy itself.
+            actor.__dict__.pop("forward", None)
+            add_fused_lm_head(actor, temperature=self.temperature, cast_lm_head_to_fp32=self._cast_lm_head_to_fp32)
+            actor.requires_grad_(False)
+            actor.eval()
+            self._actor = actor
+        if self._actor_version != version:
+            self._actor.load_state_dict(params)
+            self._actor_version = version
+        return self._actor
+
+    def _generate_single_turn(
+        self,
+        prompt_ids: list[list[int]],
+        images: Any,
+        multimodal_fields: dict[str, Any],
+        num_generations: int,
+        has_tool_images: bool = False,
+    ) -> tuple[list[list[int]], Any]:
+        """TRL's generation, by the snapshot of ``policy_lag`` optimizer steps ago when there is one."""
+        self._actor_acted = False
+        if self._snapshots is None or not self._training():
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if images is not None or multimodal_fields:
+            raise NotImplementedError("policy_lag is implemented for text-only models")
+        version, params = self._snapshots.select(self.state.global_step - self.policy_lag)
+        self._generation_version = version
+        if version == self.state.global_step:  # nothing older yet: the learner acts
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        actor = self._load_actor(version, params)
+        self._actor_acted = True
+
+        device = self.accelerator.device
+        multiple = self.pad_to_multiple_of if isinstance(self.pad_to_multiple_of, int) else None
+        prompts = [th.tensor(ids) for ids in prompt_ids]
+        input_ids = pad(prompts, self._tokenizer.pad_token_id, padding_side="left", pad_to_multiple_of=multiple)
+        attention_mask = pad([th.ones_like(ids) for ids in prompts], 0, padding_side="left", pad_to_multiple_of=multiple)
+        with th.no_grad():
+            generated = actor.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=self.generation_config,
+            )
+        completions = generated[:, input_ids.size(1) :].cpu()
+        # Keep everything up to and including the first EOS, as TRL does
+        is_eos = th.isin(completions, th.tensor(self.eos_token_ids))
+        lengths = th.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completions.size(1))
+        return [row[:length].tolist() for row, length in zip(completions, lengths, strict=True)], None
+
+    @th.no_grad()
+    def _score(self, model: Any, batch: dict[str, Any]) -> th.Tensor:
+        """Per-token log-probs of the batch's completions under ``model`` (same path and layout as the loss)."""
+        completion_ids = batch["completion_ids"]
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            model,
+            th.cat([batch["prompt_ids"], completion_ids], dim=1),
+            th.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+            completion_ids.size(1),
+            batch_size=self.args.per_device_train_batch_size,
+            token_type_ids=batch.get("token_type_ids"),
+            mm_token_type_ids=batch.get("mm_token_type_ids"),
+        )
+        return logps
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """
+        TRL's generation and scoring, plus what the filter and the lag diagnostics need: the behavior log-probs
+        ``μ`` (``behavior_per_token_logps``), the learner's ``π_T`` (``learner_per_token_logps``) when needed,
+        and each completion's ``policy_version``.
+        """
+        version_now = self.state.global_step
+        self._generation_version = version_now
+        self._actor_acted = False
+        output = super()._generate_and_score_completions(inputs)
+        if not self._training():
+            return output
+
+        version = self._generation_version
+        mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
+        learner = output.get("old_per_token_logps")
+        needs_learner = self._actor_acted or (self.loss_type == "vaco" and self.tv_reference != "behavior")
+        if learner is None and needs_learner:
+            learner = self._score(self.model, output)
+        behavior = output.get("sampling_per_token_logps")  # vLLM's or a rollout_func's log-probs
+        if behavior is not None:
+            fallback = learner if learner is not None else self._score(self.model, output)
+            behavior = th.where(th.isnan(behavior), fallback, behavior)
+        elif self._actor_acted:
+            behavior = self._score(self._actor, output)
+        else:
+            behavior = learner  # None: on-policy and aligned, the learner's own log-probs at loss time are μ
+
+        if behavior is not None:
+            output["behavior_per_token_logps"] = behavior
+            if self._actor_acted and self.loss_type != "vaco":
+                output["old_per_token_logps"] = behavior  # TRL's losses take their ratio to the generating policy
+        if learner is not None:
+            output["learner_per_token_logps"] = learner
+        batch_size = output["completion_ids"].size(0)
+        output["policy_version"] = th.full((batch_size,), version, dtype=th.long, device=self.accelerator.device)
+
+        self.generation_versions.append((version_now, version))
+        self._metrics["train"]["generation_lag"].append(float(version_now - version))
+        if behavior is not None and learner is not None:
+            tv = 0.5 * (th.abs(safe_ratio(learner - behavior) - 1.0) * mask).sum() / mask.sum().clamp(min=1.0)
+            self._metrics["train"]["tv_behavior"].append(self.accelerator.gather(tv).mean().item())
+        return output
+
+    # ----- loss ---------------------------------------------------------------------------------------------
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> th.Tensor:
+        mode = "train" if self._training() else "eval"
+        if "policy_version" in inputs:
+            lag = (self.state.global_step - inputs["policy_version"]).float().mean()
+            self._metrics[mode]["policy_lag"].append(self.accelerator.gather(lag).mean().item())
+        if self.loss_type != "vaco":
+            return super()._compute_loss(model, inputs)
+        return self._compute_vaco_loss(model, inputs, mode)
+
+    def _log_ratios(self, per_token_logps: th.Tensor, inputs: dict[str, Any]) -> tuple[th.Tensor, th.Tensor | None]:
+        """``log q`` and ``log w`` (or None) of the selected TV reference, per token."""
+        behavior = inputs.get("behavior_per_token_logps")
+        behavior = per_token_logps.detach() if behavior is None else behavior
+        if self.tv_reference == "behavior":
+            return per_token_logps - behavior, None
+        learner = inputs.get("learner_per_token_logps")
+        learner = behavior if learner is None else learner
+        return per_token_logps - learner, learner - behavior
+
+    def _compute_vaco_loss(self, model: Any, inputs: dict[str, Any], mode: str) -> th.Tensor:
+        """VACO's filtered surrogate on GRPO's advantages (see the class docstring), plus KL / entropy terms."""
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model,
+            th.cat([prompt_ids, completion_ids], dim=1),
+            th.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+        )
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        n_tokens = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+
+        log_q, log_w = self._log_ratios(per_token_logps, inputs)
+        if self.importance_sampling_level == "sequence":
+            log_q = (log_q * mask).sum(dim=1, keepdim=True) / n_tokens
+            log_w = None if log_w is None else (log_w * mask).sum(dim=1, keepdim=True) / n_tokens
+        ratio = safe_ratio(log_q)
+        weights = None if log_w is None else safe_ratio(log_w).detach()
+        if weights is not None and self.tv_reference == "decoupled":
+            weights = th.clamp(weights, max=self.pg_rho_bar)
+        filtered = masked_tv_filtered_surrogate(ratio, advantages, self.tv_threshold, mask, weights)
+        loss = filtered.loss
+
+        def masked_mean(x: th.Tensor) -> th.Tensor:
+            return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+        if self.beta != 0.0:
+            ref_log_ratio = inputs["ref_per_token_logps"] - per_token_logps
+            kl = masked_mean(th.exp(ref_log_ratio) - ref_log_ratio - 1.0)
+            loss = loss + self.beta * kl
+            self._metrics[mode]["kl"].append(self.accelerator.gather(kl.detach()).mean().item())
+        if self.entropy_coef != 0.0:
+            loss = loss - self.entropy_coef * masked_mean(entropies)
+
+        with th.no_grad():
+            behavior = inputs.get("behavior_per_token_logps")
+            tv_to_behavior = (
+                th.zeros(()) if behavior is None else 0.5 * masked_mean(th.abs(safe_ratio(per_token_logps - behavior) - 1.0))
+            )
+            valid = mask if ratio.shape[1] > 1 else (mask.sum(dim=1, keepdim=True) > 0).float()
+            filtered_fraction = 1.0 - filtered.mask.sum() / valid.sum().clamp(min=1.0)
+        gather = self.accelerator.gather
+        self._metrics[mode]["tv_estimate"].append(gather(filtered.tv_estimate.detach()).mean().item())
+        self._metrics[mode]["filtered_fraction"].append(gather(filtered_fraction).mean().item())
+        self._metrics[mode]["filter_active_fraction"].append(float(filtered.filter_active))
+        self._metrics[mode]["tv_to_behavior"].append(gather(tv_to_behavior.to(mask.device)).mean().item())
+        self._metrics[mode]["entropy"].append(gather(masked_mean(entropies).detach()).mean().item())
+
+        normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        return loss / normalizer

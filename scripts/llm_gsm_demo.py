@@ -1,0 +1,388 @@
+"""
+GRPO vs GRPO+VACO for math reasoning under policy lag (the LLM experiment of arXiv 2603.01365, in miniature).
+
+Default (runs on CPU in minutes, no downloads): a tiny Llama-architecture model built from a config, generated
+grade-school-style word problems with an exact-answer reward, a short supervised warm-up per seed, then
+GRPO (TRL's clipped loss) and GRPO+VACO (TV filter, δ = 0.2 and 0.05) at lags 0 and 16, 3 seeds, with the
+held-out accuracy (greedy and sampled pass@1) during training. Writes ``runs.csv`` (accuracy curves),
+``train_log.csv`` (TRL's metrics), ``summary.md``, ``accuracy.png`` and ``config.json`` to ``--out``.
+
+    python scripts/llm_gsm_demo.py --out results/llm
+
+With a real model and GSM8K from a local file (GPU; see docs/llm.md):
+
+    python scripts/llm_gsm_demo.py --model models/qwen --dataset data/gsm8k/train.jsonl \\
+        --eval-dataset data/gsm8k/test.jsonl --warmup-steps 0 --max-completion-length 256 --bf16 ...
+"""
+
+import argparse
+import copy
+import csv
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch as th
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+
+from sb3_vaco.llm import VACOGRPOConfig, VACOGRPOTrainer
+from sb3_vaco.llm.math_task import (
+    Problem,
+    build_tiny_model,
+    build_tokenizer,
+    evaluate_accuracy,
+    exact_answer_reward,
+    load_gsm8k,
+    make_word_problems,
+    supervised_warmup,
+)
+
+
+def method_settings(method: str, args: argparse.Namespace) -> tuple[str, float, str]:
+    """
+    ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε), ``"vaco"`` (TV filter at ``--tv-threshold``) or
+    ``"vaco@δ"`` (TV filter at δ): the loss type, the TV budget and a label.
+    """
+    if method == "grpo":
+        return "dapo", args.tv_threshold, f"GRPO (TRL default loss, clip ε={args.epsilon})"
+    name, _, threshold = method.partition("@")
+    if name != "vaco":
+        raise ValueError(f"unknown method {method!r}: use grpo, vaco or vaco@<δ>")
+    tv_threshold = float(threshold) if threshold else args.tv_threshold
+    return "vaco", tv_threshold, f"GRPO+VACO (TV filter, δ={tv_threshold})"
+
+
+LOG_KEYS = (
+    "reward",
+    "policy_lag",
+    "generation_lag",
+    "tv_behavior",
+    "tv_estimate",
+    "tv_to_behavior",
+    "filtered_fraction",
+    "filter_active_fraction",
+    "clip_ratio/region_mean",
+    "entropy",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("results/llm"))
+    parser.add_argument(
+        "--methods", nargs="+", default=["grpo", "vaco", "vaco@0.05"], help="grpo, vaco (δ = --tv-threshold), vaco@<δ>"
+    )
+    parser.add_argument("--lags", nargs="+", type=int, default=[0, 16], help="policy lag K in optimizer steps")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    # model and data
+    parser.add_argument("--model", default=None, help="HF model name or local path (default: tiny model from a config)")
+    parser.add_argument("--dataset", type=Path, default=None, help="local GSM8K-format file/dir (default: generated)")
+    parser.add_argument("--eval-dataset", type=Path, default=None, help="local GSM8K-format test file/dir")
+    parser.add_argument("--n-train", type=int, default=20000, help="generated training problems")
+    parser.add_argument("--n-eval", type=int, default=500, help="held-out problems for the accuracy")
+    parser.add_argument("--max-number", type=int, default=9)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    # warm-up
+    parser.add_argument("--warmup-steps", type=int, default=400, help="supervised warm-up steps (0: none)")
+    parser.add_argument("--warmup-lr", type=float, default=3e-3)
+    # RL
+    parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps of RL")
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--batch-size", type=int, default=64, help="per-device train batch (completions)")
+    parser.add_argument("--steps-per-generation", type=int, default=4)
+    parser.add_argument("--num-iterations", type=int, default=1)
+    parser.add_argument("--num-generations", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--epsilon", type=float, default=0.2, help="GRPO's clip range")
+    parser.add_argument("--tv-threshold", type=float, default=0.2, help="VACO's δ")
+    parser.add_argument("--tv-reference", default="behavior", choices=["behavior", "learner", "decoupled"])
+    parser.add_argument("--importance-sampling-level", default="token", choices=["token", "sequence"])
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
+    parser.add_argument("--eval-samples", type=int, default=2, help="completions per problem for sampled pass@1 (0: off)")
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off for the tiny model")
+    return parser.parse_args(argv)
+
+
+class AccuracyCallback(TrainerCallback):
+    """Exact-answer accuracy on the held-out problems every ``every`` optimizer steps: greedy, and sampled pass@1."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, problems: list[Problem], args: argparse.Namespace) -> None:
+        self.tokenizer, self.problems, self.args = tokenizer, problems, args
+        self.every = args.eval_every
+        self.curve: list[tuple[int, float, float | None]] = []
+
+    def evaluate(self, step: int, model: PreTrainedModel) -> None:
+        max_new_tokens = self.args.max_completion_length
+        greedy = evaluate_accuracy(model, self.tokenizer, self.problems, max_new_tokens=max_new_tokens)
+        sampled = None
+        if self.args.eval_samples > 0:
+            sampled = evaluate_accuracy(
+                model,
+                self.tokenizer,
+                self.problems,
+                max_new_tokens=max_new_tokens,
+                temperature=self.args.eval_temperature,
+                samples=self.args.eval_samples,
+            )
+        self.curve.append((step, greedy, sampled))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: PreTrainedModel | None = None, **kwargs: Any) -> None:
+        if model is not None and (state.global_step % self.every == 0 or state.global_step == state.max_steps):
+            self.evaluate(state.global_step, model)
+
+
+def load_model_and_data(
+    args: argparse.Namespace, seed: int
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[Problem], list[Problem]]:
+    """The model (after its warm-up), its tokenizer, and the training / held-out problems."""
+    if args.model is None:
+        tokenizer = build_tokenizer()
+        model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=seed)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        dtype = th.bfloat16 if args.bf16 else th.float32
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        if th.cuda.is_available():
+            model = model.to("cuda")
+    if args.dataset is None:
+        train = make_word_problems(args.n_train, seed=10_000 + seed, max_number=args.max_number)
+        held_out = make_word_problems(args.n_eval, seed=99, max_number=args.max_number)  # same for every seed
+        train_prompts = {p["prompt"] for p in held_out}
+        train = [p for p in train if p["prompt"] not in train_prompts]
+    else:
+        train = load_gsm8k(args.dataset)
+        held_out = load_gsm8k(args.eval_dataset, limit=args.n_eval) if args.eval_dataset else train[-args.n_eval :]
+        if args.eval_dataset is None:
+            train = train[: -args.n_eval]
+    if args.warmup_steps > 0:
+        supervised_warmup(model, tokenizer, train, args.warmup_steps, learning_rate=args.warmup_lr, seed=seed)
+    return model, tokenizer, train, held_out
+
+
+def run_one(
+    args: argparse.Namespace,
+    method: str,
+    lag: int,
+    seed: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train: list[Problem],
+    held_out: list[Problem],
+) -> tuple[list[tuple[int, float, float | None]], list[dict[str, Any]], float]:
+    """One RL run from a copy of the warmed-up model; returns the accuracy curve, TRL's log and the wall time."""
+    loss_type, tv_threshold, _ = method_settings(method, args)
+    output_dir = tempfile.TemporaryDirectory(prefix="vaco_grpo_")  # nothing is saved there (save_strategy="no")
+    config = VACOGRPOConfig(
+        output_dir=output_dir.name,
+        loss_type=loss_type,
+        policy_lag=lag,
+        tv_threshold=tv_threshold,
+        tv_reference=args.tv_reference,
+        importance_sampling_level=args.importance_sampling_level,
+        epsilon=args.epsilon,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=args.batch_size,
+        steps_per_generation=args.steps_per_generation,
+        num_iterations=args.num_iterations,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        temperature=args.temperature,
+        beta=0.0,
+        logging_steps=args.eval_every,
+        report_to="none",
+        save_strategy="no",
+        seed=seed,
+        data_seed=seed,
+        bf16=args.bf16,
+        gradient_checkpointing=args.gradient_checkpointing,
+        use_cpu=not th.cuda.is_available(),
+        disable_tqdm=True,
+    )
+    accuracy = AccuracyCallback(tokenizer, held_out, args)
+    policy = copy.deepcopy(model)
+    trainer = VACOGRPOTrainer(
+        model=policy,
+        reward_funcs=exact_answer_reward,
+        args=config,
+        train_dataset=Dataset.from_list(train),
+        processing_class=tokenizer,
+        callbacks=[accuracy],
+    )
+    trainer.remove_callback(PrinterCallback)  # the per-step log dicts; they are kept in train_log.csv
+    accuracy.evaluate(0, policy)
+    start = time.perf_counter()
+    trainer.train()
+    output_dir.cleanup()
+    return accuracy.curve, trainer.state.log_history, time.perf_counter() - start
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
+    """
+    Markdown tables: per run (method, lag, seed) the held-out accuracy at the start, at the end and averaged over
+    the last 3 evaluations, greedy and sampled, with the run's mean lag diagnostics; then mean ± sd over seeds.
+    """
+    lines = [
+        "| method | lag K | seed | greedy start | greedy final | greedy last-3 | sampled start | sampled final "
+        "| sampled last-3 | policy lag | TV(π_T, μ) | clipped / filtered |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    runs: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        runs.setdefault((row["method"], row["lag"], row["seed"]), []).append(row)
+    aggregate: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for key, run in sorted(runs.items()):
+        run = sorted(run, key=lambda row: row["step"])
+        greedy = [row["accuracy"] for row in run]
+        sampled = [row["sampled_accuracy"] for row in run if row["sampled_accuracy"] is not None]
+        run_logs = [log for log in logs if (log["method"], log["lag"], log["seed"]) == key]
+
+        def logged(name: str, run_logs: list[dict[str, Any]] = run_logs) -> float:
+            return _mean([log[name] for log in run_logs if log.get(name) is not None])
+
+        masked = logged("clip_ratio/region_mean") if key[0] == "grpo" else logged("filtered_fraction")
+        stats = aggregate.setdefault(key[:2], {"greedy": [], "sampled": []})
+        stats["greedy"].append(_mean(greedy[-3:]))
+        stats["sampled"].append(_mean(sampled[-3:]))
+        sampled_cells = f"{sampled[0]:.3f} | {sampled[-1]:.3f} | {_mean(sampled[-3:]):.3f}" if sampled else "– | – | –"
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {greedy[0]:.3f} | {greedy[-1]:.3f} | {_mean(greedy[-3:]):.3f} | "
+            f"{sampled_cells} | {logged('policy_lag'):.1f} | {logged('tv_behavior'):.3f} | {masked:.3f} |"
+        )
+    lines += [
+        "",
+        "| method | lag K | greedy last-3, mean ± sd | sampled last-3, mean ± sd | seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for (method, lag), stats in sorted(aggregate.items()):
+        lines.append(
+            f"| {method} | {lag} | {np.mean(stats['greedy']):.3f} ± {np.std(stats['greedy']):.3f} | "
+            f"{np.mean(stats['sampled']):.3f} ± {np.std(stats['sampled']):.3f} | {len(stats['greedy'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    """Accuracy curves (greedy, sampled), one panel per lag: mean over seeds with the seeds' min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("accuracy", "greedy accuracy")]
+    if any(row["sampled_accuracy"] is not None for row in rows):
+        metrics.append(("sampled_accuracy", f"sampled pass@1 (T={args.eval_temperature})"))
+    size = (5 * len(args.lags), 3.4 * len(metrics))
+    fig, axes = plt.subplots(len(metrics), len(args.lags), figsize=size, sharex=True, sharey="row", squeeze=False)
+    for i, (metric, label) in enumerate(metrics):
+        for ax, lag in zip(axes[i], args.lags, strict=True):
+            for method in args.methods:
+                curves: dict[int, dict[int, float]] = {}
+                for row in rows:
+                    if row["method"] == method and row["lag"] == lag:
+                        curves.setdefault(row["seed"], {})[row["step"]] = row[metric]
+                if not curves:
+                    continue
+                steps = sorted(set.intersection(*(set(curve) for curve in curves.values())))
+                values = np.array([[curve[step] for step in steps] for curve in curves.values()])
+                ax.plot(steps, values.mean(axis=0), label=f"{method_settings(method, args)[2]}, {len(curves)} seeds")
+                ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.2)
+            ax.set_title(f"policy lag K = {lag} optimizer steps", fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax is axes[i][0]:
+                ax.set_ylabel(f"held-out {label}")
+            if i == len(metrics) - 1:
+                ax.set_xlabel("optimizer step")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for method in args.methods:
+        method_settings(method, args)  # fail before any run on an unknown method
+    th.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    logs: list[dict[str, Any]] = []
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    for seed in args.seeds:
+        seed_start = time.perf_counter()
+        model, tokenizer, train, held_out = load_model_and_data(args, seed)
+        timings[f"warmup_seed{seed}"] = time.perf_counter() - seed_start
+        for lag in args.lags:
+            for method in args.methods:
+                curve, history, wall = run_one(args, method, lag, seed, model, tokenizer, train, held_out)
+                timings[f"{method}_lag{lag}_seed{seed}"] = wall
+                rows += [
+                    {"method": method, "lag": lag, "seed": seed, "step": s, "accuracy": a, "sampled_accuracy": p}
+                    for s, a, p in curve
+                ]
+                for entry in history:
+                    if "step" in entry and "train_runtime" not in entry:
+                        logs.append(
+                            {"method": method, "lag": lag, "seed": seed, "step": entry["step"]}
+                            | {key: entry.get(key) for key in LOG_KEYS}
+                        )
+                print(
+                    f"{method} lag={lag} seed={seed}: accuracy {curve[0][1]:.3f} -> {curve[-1][1]:.3f} ({wall:.0f} s)",
+                    flush=True,
+                )
+    total = time.perf_counter() - start
+
+    with open(args.out / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["method", "lag", "seed", "step", "accuracy", "sampled_accuracy"])
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(args.out / "train_log.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["method", "lag", "seed", "step", *LOG_KEYS])
+        writer.writeheader()
+        writer.writerows(logs)
+    (args.out / "summary.md").write_text(summarize(rows, logs))
+    plot(rows, args, args.out / "accuracy.png")
+    import transformers
+    import trl
+
+    meta = {
+        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "wall_time_s": round(total, 1),
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "versions": {"torch": th.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "platform": platform.platform(),
+        "threads": th.get_num_threads(),
+    }
+    (args.out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print((args.out / "summary.md").read_text())
+    print(f"total wall time {total:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
