@@ -26,6 +26,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_vaco.common.actors.base import ActorSettings, parse_actor_settings, pickle_env_fn
 from sb3_vaco.common.actors.pool import ActorPool, ActorProgressBarCallback, vec_wrappers_of
 from sb3_vaco.common.buffers import LaggedDictRolloutBuffer, LaggedRolloutBuffer, Observation
+from sb3_vaco.common.losses import MAX_LOG_RATIO
 
 PolicyLagSpec = int | tuple[int, int] | list[int]
 SelfLaggedOnPolicyAlgorithm = TypeVar("SelfLaggedOnPolicyAlgorithm", bound="LaggedOnPolicyAlgorithm")
@@ -244,7 +245,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             _, learner_log_probs = self._evaluate_rollout(buffer.flat_observations(), buffer.flat_actions())
         self.policy.set_training_mode(True)
         log_rhos = buffer.flat_to_time_major(learner_log_probs) - buffer.time_major("log_probs")
-        return float(0.5 * np.mean(np.abs(np.exp(np.clip(log_rhos, -20, 20)) - 1.0)))
+        return float(0.5 * np.mean(np.abs(np.exp(np.clip(log_rhos, -MAX_LOG_RATIO, MAX_LOG_RATIO)) - 1.0)))
 
     def _evaluate_rollout(self, observations: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Learner values and log-probs of every stored sample, in chunks, without gradient."""
