@@ -226,6 +226,7 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
         ({"tv_reference": "stale"}, "tv_reference"),
         ({"policy_loss": "ppo"}, "policy_loss"),
         ({"advantage_estimator": "td"}, "advantage_estimator"),
+        ({"value_target": "mc"}, "value_target"),
         ({"batch_size": 4096}, "batch_size"),
         ({"batch_size": 1}, "batch_size"),
         ({"clip_range": 0.0}, "clip_range"),
@@ -256,3 +257,24 @@ def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
     assert model.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / (1 + 3))
     unscaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, **TINY).learn(TINY["n_steps"] * 6)
     assert unscaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
+
+
+def test_value_target_splits_the_realignment_between_policy_and_critic():
+    """``value_target`` picks the critic's targets; the policy's advantages follow ``advantage_estimator``."""
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, **TINY)
+    model.learn(TINY["n_steps"] * 5)  # the last rollout was collected 2 updates behind the learner
+
+    def realign(advantage_estimator: str, value_target: str | None) -> tuple[np.ndarray, np.ndarray]:
+        model.advantage_estimator, model.value_target = advantage_estimator, value_target
+        assert model._realign() > 1e-4  # the data is off-policy, so V-trace and GAE differ
+        return model.rollout_buffer.returns.copy(), model.rollout_buffer.advantages.copy()
+
+    vtrace_returns, vtrace_advantages = realign("vtrace", None)
+    gae_returns, gae_advantages = realign("gae", None)
+    assert not np.allclose(vtrace_returns, gae_returns) and not np.allclose(vtrace_advantages, gae_advantages)
+    returns, advantages = realign("vtrace", "gae")
+    np.testing.assert_array_equal(returns, gae_returns)
+    np.testing.assert_array_equal(advantages, vtrace_advantages)
+    returns, advantages = realign("gae", "vtrace")
+    np.testing.assert_array_equal(returns, vtrace_returns)
+    np.testing.assert_array_equal(advantages, gae_advantages)

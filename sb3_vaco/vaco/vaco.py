@@ -19,7 +19,7 @@ from sb3_vaco.common.losses import (
     spo_surrogate,
     tv_filtered_surrogate,
 )
-from sb3_vaco.common.vtrace import vtrace
+from sb3_vaco.common.vtrace import VTraceReturns, vtrace
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
@@ -63,6 +63,9 @@ class VACO(LaggedOnPolicyAlgorithm):
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
         and no importance correction: the "filter only" ablation)
+    :param value_target: Estimator of the critic's targets, ``"vtrace"`` or ``"gae"``; None: the same as
+        ``advantage_estimator``. Splits the realignment so that the policy's advantages and the critic's targets
+        can be corrected (or not) independently
     :param realign_every_epoch: Recompute the realignment before every epoch instead of once per batch
     :param tv_lag_scaling: Divide the TV budget by ``1 + k̄``, with ``k̄`` the rollout's measured mean staleness in
         updates. At a steady per-update move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from
@@ -121,6 +124,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         pg_rho_bar: float = 1.0,
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
+        value_target: str | None = None,
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool = False,
         clip_range: float | Schedule = 0.2,
@@ -182,6 +186,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.pg_rho_bar = pg_rho_bar
         self.policy_loss = policy_loss
         self.advantage_estimator = advantage_estimator
+        self.value_target = value_target
         self.realign_every_epoch = realign_every_epoch
         self.tv_lag_scaling = tv_lag_scaling
         self.clip_range = clip_range
@@ -222,6 +227,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             ("tv_reference", self.tv_reference, TV_REFERENCES),
             ("policy_loss", self.policy_loss, POLICY_LOSSES),
             ("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
+            ("value_target", self.value_target or self.advantage_estimator, ADVANTAGE_ESTIMATORS),
         ):
             require(value in valid, f"`{name}` must be one of {', '.join(map(repr, valid))}; got {value!r}")
         min_batch_size = 2 if self.normalize_advantage else 1
@@ -291,21 +297,27 @@ class VACO(LaggedOnPolicyAlgorithm):
 
             log_rhos = to_tensor(learner_log_probs - buffer.time_major("log_probs"))
             values_t = to_tensor(values)
-            use_vtrace = self.advantage_estimator == "vtrace"
-            # GAE is V-trace without importance correction: log ρ = 0, ρ̄ = c̄ = 1.
-            vtrace_returns = vtrace(
-                log_rhos if use_vtrace else th.zeros_like(log_rhos),
-                rewards=to_tensor(buffer.time_major("rewards")),
-                values=values_t,
-                next_values=to_tensor(next_values),
-                dones=to_tensor(dones),
-                gamma=self.gamma,
-                gae_lambda=self.gae_lambda,
-                rho_bar=self.vtrace_rho_bar if use_vtrace else 1.0,
-                c_bar=self.vtrace_c_bar if use_vtrace else 1.0,
-            )
-            targets = vtrace_returns.value_targets
-            advantages = vtrace_returns.advantages if use_vtrace else targets - values_t
+
+            def returns(importance_corrected: bool) -> VTraceReturns:
+                # GAE is V-trace without importance correction: log ρ = 0, ρ̄ = c̄ = 1.
+                return vtrace(
+                    log_rhos if importance_corrected else th.zeros_like(log_rhos),
+                    rewards=to_tensor(buffer.time_major("rewards")),
+                    values=values_t,
+                    next_values=to_tensor(next_values),
+                    dones=to_tensor(dones),
+                    gamma=self.gamma,
+                    gae_lambda=self.gae_lambda,
+                    rho_bar=self.vtrace_rho_bar if importance_corrected else 1.0,
+                    c_bar=self.vtrace_c_bar if importance_corrected else 1.0,
+                )
+
+            vtrace_advantages = self.advantage_estimator == "vtrace"
+            vtrace_targets = (self.value_target or self.advantage_estimator) == "vtrace"
+            policy_returns = returns(vtrace_advantages)
+            critic_returns = policy_returns if vtrace_targets == vtrace_advantages else returns(vtrace_targets)
+            targets = critic_returns.value_targets
+            advantages = policy_returns.advantages if vtrace_advantages else policy_returns.value_targets - values_t
             tv_behavior = 0.5 * th.mean(th.abs(safe_ratio(log_rhos) - 1.0)).item()
 
         buffer.set_time_major("values", values)
