@@ -312,12 +312,12 @@ class VACO(LaggedOnPolicyAlgorithm):
                     c_bar=self.vtrace_c_bar if importance_corrected else 1.0,
                 )
 
-            vtrace_advantages = self.advantage_estimator == "vtrace"
-            vtrace_targets = (self.value_target or self.advantage_estimator) == "vtrace"
-            policy_returns = returns(vtrace_advantages)
-            critic_returns = policy_returns if vtrace_targets == vtrace_advantages else returns(vtrace_targets)
+            correct_advantages = self.advantage_estimator == "vtrace"
+            correct_targets = (self.value_target or self.advantage_estimator) == "vtrace"
+            policy_returns = returns(correct_advantages)
+            critic_returns = policy_returns if correct_targets == correct_advantages else returns(correct_targets)
             targets = critic_returns.value_targets
-            advantages = policy_returns.advantages if vtrace_advantages else policy_returns.value_targets - values_t
+            advantages = policy_returns.advantages if correct_advantages else policy_returns.value_targets - values_t
             tv_behavior = 0.5 * th.mean(th.abs(safe_ratio(log_rhos) - 1.0)).item()
 
         buffer.set_time_major("values", values)
