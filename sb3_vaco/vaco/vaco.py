@@ -297,15 +297,16 @@ class VACO(LaggedOnPolicyAlgorithm):
 
             log_rhos = to_tensor(learner_log_probs - buffer.time_major("log_probs"))
             values_t = to_tensor(values)
+            rewards_t, next_values_t, dones_t = map(to_tensor, (buffer.time_major("rewards"), next_values, dones))
 
             def returns(importance_corrected: bool) -> VTraceReturns:
                 # GAE is V-trace without importance correction: log ρ = 0, ρ̄ = c̄ = 1.
                 return vtrace(
                     log_rhos if importance_corrected else th.zeros_like(log_rhos),
-                    rewards=to_tensor(buffer.time_major("rewards")),
+                    rewards=rewards_t,
                     values=values_t,
-                    next_values=to_tensor(next_values),
-                    dones=to_tensor(dones),
+                    next_values=next_values_t,
+                    dones=dones_t,
                     gamma=self.gamma,
                     gae_lambda=self.gae_lambda,
                     rho_bar=self.vtrace_rho_bar if importance_corrected else 1.0,
