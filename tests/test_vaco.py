@@ -262,15 +262,16 @@ def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
 def test_value_target_splits_the_realignment_between_policy_and_critic():
     """``value_target`` picks the critic's targets; the policy's advantages follow ``advantage_estimator``."""
     model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, **TINY)
+    assert model.value_target == "gae"  # the variant study's default (docs/study.md)
     model.learn(TINY["n_steps"] * 5)  # the last rollout was collected 2 updates behind the learner
 
-    def realign(advantage_estimator: str, value_target: str | None) -> tuple[np.ndarray, np.ndarray]:
+    def realign(advantage_estimator: str, value_target: str) -> tuple[np.ndarray, np.ndarray]:
         model.advantage_estimator, model.value_target = advantage_estimator, value_target
         assert model._realign() > 1e-4  # the data is off-policy, so V-trace and GAE differ
         return model.rollout_buffer.returns.copy(), model.rollout_buffer.advantages.copy()
 
-    vtrace_returns, vtrace_advantages = realign("vtrace", None)
-    gae_returns, gae_advantages = realign("gae", None)
+    vtrace_returns, vtrace_advantages = realign("vtrace", "vtrace")
+    gae_returns, gae_advantages = realign("gae", "gae")
     assert not np.allclose(vtrace_returns, gae_returns) and not np.allclose(vtrace_advantages, gae_advantages)
     returns, advantages = realign("vtrace", "gae")
     np.testing.assert_array_equal(returns, gae_returns)
@@ -278,3 +279,16 @@ def test_value_target_splits_the_realignment_between_policy_and_critic():
     returns, advantages = realign("gae", "vtrace")
     np.testing.assert_array_equal(returns, vtrace_returns)
     np.testing.assert_array_equal(advantages, gae_advantages)
+
+
+def test_value_target_makes_no_difference_without_lag():
+    """With π_T = μ the V-trace targets are the GAE targets: the default and the paper's rule coincide at lag 0."""
+    # learning_rate=0: the learner stays the policy that collected the last rollout
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, learning_rate=0.0, **TINY).learn(TINY["n_steps"] * 2)
+
+    def realigned_targets(value_target: str) -> np.ndarray:
+        model.value_target = value_target
+        assert model._realign() < 1e-5  # on-policy up to rounding
+        return model.rollout_buffer.returns.copy()
+
+    np.testing.assert_allclose(realigned_targets("vtrace"), realigned_targets("gae"), rtol=1e-5, atol=1e-5)

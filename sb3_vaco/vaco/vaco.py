@@ -34,8 +34,9 @@ class VACO(LaggedOnPolicyAlgorithm):
 
     PPO-style training that stays reliable when the data comes from stale policies (policy lag):
 
-    1. Align: once per batch, the learner re-estimates advantages and value targets with V-trace,
-       using the behavior log-probs stored with every sample.
+    1. Align: once per batch, the learner re-estimates the advantages with V-trace, using the behavior
+       log-probs stored with every sample, and its critic's targets (TD(λ) returns by default; V-trace targets,
+       the paper's rule, with ``value_target="vtrace"``).
     2. Filter: per minibatch, once the estimated total-variation distance to the reference policy exceeds
        ``tv_threshold``, the samples whose gradient would push the policy further away are dropped.
        No ratio clipping, no KL penalty.
@@ -63,9 +64,11 @@ class VACO(LaggedOnPolicyAlgorithm):
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
         and no importance correction: the "filter only" ablation)
-    :param value_target: Estimator of the critic's targets, ``"vtrace"`` or ``"gae"``; None: the same as
-        ``advantage_estimator``. Splits the realignment so that the policy's advantages and the critic's targets
-        can be corrected (or not) independently
+    :param value_target: Estimator of the critic's targets: ``"gae"`` (default: the TD(λ) returns of the
+        learner's critic, no importance correction) or ``"vtrace"`` (the paper's V-trace targets). The policy's
+        advantages follow ``advantage_estimator`` either way. With π_T = μ (no lag) both give the same targets. Under
+        lag the truncated weights make V-trace targets close to the critic's own values, so the critic stops
+        learning; GAE targets keep it learning (``docs/study.md``)
     :param realign_every_epoch: Recompute the realignment before every epoch instead of once per batch
     :param tv_lag_scaling: Divide the TV budget by ``1 + k̄``, with ``k̄`` the rollout's measured mean staleness in
         updates. At a steady per-update move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from
@@ -124,7 +127,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         pg_rho_bar: float = 1.0,
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
-        value_target: str | None = None,
+        value_target: str = "gae",
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool = False,
         clip_range: float | Schedule = 0.2,
@@ -227,7 +230,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             ("tv_reference", self.tv_reference, TV_REFERENCES),
             ("policy_loss", self.policy_loss, POLICY_LOSSES),
             ("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
-            ("value_target", self.value_target or self.advantage_estimator, ADVANTAGE_ESTIMATORS),
+            ("value_target", self.value_target, ADVANTAGE_ESTIMATORS),
         ):
             require(value in valid, f"`{name}` must be one of {', '.join(map(repr, valid))}; got {value!r}")
         min_batch_size = 2 if self.normalize_advantage else 1
@@ -314,7 +317,7 @@ class VACO(LaggedOnPolicyAlgorithm):
                 )
 
             correct_advantages = self.advantage_estimator == "vtrace"
-            correct_targets = (self.value_target or self.advantage_estimator) == "vtrace"
+            correct_targets = self.value_target == "vtrace"
             policy_returns = returns(correct_advantages)
             critic_returns = policy_returns if correct_targets == correct_advantages else returns(correct_targets)
             targets = critic_returns.value_targets
@@ -403,7 +406,7 @@ class VACO(LaggedOnPolicyAlgorithm):
                     values_pred = rollout_data.old_values + th.clamp(
                         values - rollout_data.old_values, -clip_range_vf, clip_range_vf
                     )
-                # Value loss to the V-trace targets
+                # Value loss to the realigned targets (`value_target`)
                 value_loss = F.mse_loss(rollout_data.returns, values_pred)
                 entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
                 loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
