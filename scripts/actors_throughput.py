@@ -36,10 +36,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNorm
 from torch import nn
 
 from sb3_vaco import VACO, LaggedPPO
+from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
 
 OUT = Path("results/actors")
 # RL Zoo's Hopper PPO network and n_steps; batch_size 64 and 5 epochs (zoo: 32, 5) keep the learner's share moderate.
-HOPPER = dict(
+HOPPER: dict[str, Any] = dict(
     n_steps=512,
     batch_size=64,
     n_epochs=5,
@@ -63,6 +64,7 @@ class Meter(BaseCallback):
             self.first_rollout = (time.perf_counter(), self.model.num_timesteps)
         pool = getattr(self.model, "_actors", None)
         if pool is not None:
+            assert isinstance(self.model, LaggedOnPolicyAlgorithm)
             self.lags.extend((pool.version - self.model.rollout_buffer.behavior_versions[0]).tolist())
             self.lag_grad_steps.append(self.model.logger.name_to_value["rollout/policy_lag_grad_steps_mean"])
             self.wait += pool.wait_seconds

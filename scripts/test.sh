@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 .venv/bin/ruff check .
-.venv/bin/mypy sb3_vaco
+.venv/bin/mypy sb3_vaco scripts
 .venv/bin/pytest "$@"
