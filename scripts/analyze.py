@@ -7,6 +7,7 @@ Works on a partly finished grid (every number states its n) and on a single seed
 
     python scripts/analyze.py results/demo
     python scripts/analyze.py results/main --out docs/results/main --reps 5000
+    python scripts/analyze.py results/delta results/main --envs HalfCheetah-v5  # pool grids, one env
 
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the
@@ -67,15 +68,22 @@ class Interval:
         return f"{point} [{self.low:.{digits}g}, {self.high:.{digits}g}]"
 
 
-def load_runs(results_dir: Path) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], pd.DataFrame]]:
+def load_runs(
+    results_dirs: Sequence[Path], envs: Sequence[str] | None = None
+) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], pd.DataFrame]]:
     """
     One row per finished run (scores, timing, provenance, diagnostics averaged over the run) and each run's eval curve.
 
+    :param results_dirs: grids to pool (a run may appear in only one of them)
+    :param envs: keep only these envs; None: all
     :return: the runs table and the eval curves keyed by ``(env, algorithm, lag, seed)``
     """
     rows, curves = [], {}
-    for path in sorted(results_dir.rglob(RESULT_FILE)):
+    paths = [path for results_dir in results_dirs for path in sorted(results_dir.rglob(RESULT_FILE))]
+    for path in paths:
         record = json.loads(path.read_text())
+        if envs is not None and record["env"] not in envs:
+            continue
         row: dict[str, Any] = {
             key: record[key]
             for key in (
@@ -95,16 +103,17 @@ def load_runs(results_dir: Path) -> tuple[pd.DataFrame, dict[tuple[str, str, str
             )
         }
         row.update(final=record["final_score"], auc=record["auc_score"], cpu_time_s=record.get("cpu_time_s", np.nan))
-        row["path"] = str(path.parent.relative_to(results_dir))
+        row["path"] = str(path.parent)
         row.update({f"version {name}": version for name, version in record["versions"].items()})
         progress_path = path.parent / PROGRESS_FILE
         progress = pd.read_csv(progress_path) if progress_path.exists() else pd.DataFrame()
         for name, column in DIAGNOSTICS.items():
             row[name] = float(progress[column].mean()) if column in progress else np.nan
+        key = (row["env"], row["algorithm"], row["lag"], row["seed"])
+        if key in curves:
+            raise SystemExit(f"Run {'/'.join(map(str, key))} appears twice: {path.parent} and another folder")
         rows.append(row)
-        curves[(row["env"], row["algorithm"], row["lag"], row["seed"])] = pd.DataFrame(
-            {"timesteps": record["eval"]["timesteps"], "return": record["eval"]["mean_return"]}
-        )
+        curves[key] = pd.DataFrame({"timesteps": record["eval"]["timesteps"], "return": record["eval"]["mean_return"]})
     return pd.DataFrame(rows), curves
 
 
@@ -455,7 +464,7 @@ def setup_section(runs: pd.DataFrame, constants: pd.DataFrame) -> str:
 
 def write_report(
     out_dir: Path,
-    results_dir: Path,
+    results_dirs: Sequence[Path],
     runs: pd.DataFrame,
     constants: pd.DataFrame,
     tables: dict[str, pd.DataFrame],
@@ -470,9 +479,10 @@ def write_report(
 
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
     sections = [
-        f"# Benchmark results: `{results_dir.name}`",
+        f"# Benchmark results: {' + '.join(f'`{results_dir.name}`' for results_dir in results_dirs)}",
         "",
-        f"{len(runs)} finished runs in `{results_dir}`; generated {generated} by:",
+        f"{len(runs)} finished runs in {', '.join(f'`{results_dir}`' for results_dir in results_dirs)}; "
+        f"generated {generated} by:",
         "",
         "```",
         shlex.join(["python", *sys.argv]),
@@ -529,11 +539,19 @@ def write_report(
     atomic_write_text(out_dir / "results.md", "\n".join(sections))
 
 
-def analyze(results_dir: Path, out_dir: Path, reference: str, reference_lag: str, reps: int, seed: int) -> pd.DataFrame:
+def analyze(
+    results_dirs: Sequence[Path],
+    out_dir: Path,
+    reference: str,
+    reference_lag: str,
+    reps: int,
+    seed: int,
+    envs: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """Load, normalize, aggregate, plot and write the report; return the runs table."""
-    runs, curves = load_runs(results_dir)
+    runs, curves = load_runs(results_dirs, envs)
     if runs.empty:
-        raise SystemExit(f"No {RESULT_FILE} under {results_dir}")
+        raise SystemExit(f"No {RESULT_FILE} under {', '.join(map(str, results_dirs))}" + (f" for {envs}" if envs else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     constants = normalize(runs, reference, reference_lag)
@@ -549,7 +567,7 @@ def analyze(results_dir: Path, out_dir: Path, reference: str, reference_lag: str
         "versus_lag0": versus_lag0,
         "cells": cell_table(runs, algorithms),
     }
-    write_report(out_dir, results_dir, runs, constants, tables, reference, reps)
+    write_report(out_dir, results_dirs, runs, constants, tables, reference, reps)
     plot_score_vs_lag(runs, tables["aggregate"], algorithms, out_dir / "score_vs_lag.png", reps, rng)
     plot_learning_curves(runs, curves, algorithms, out_dir / "learning_curves.png")
     plot_aggregate_intervals(tables["aggregate"], algorithms, out_dir / "aggregate_intervals.png")
@@ -566,15 +584,18 @@ def analyze(results_dir: Path, out_dir: Path, reference: str, reference_lag: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results_dir", type=Path, help="folder written by scripts/benchmark.py (searched recursively)")
-    parser.add_argument("--out", type=Path, help="output folder (default: <results_dir>/analysis)")
+    parser.add_argument(
+        "results_dirs", type=Path, nargs="+", help="folder(s) written by scripts/benchmark.py (searched recursively, pooled)"
+    )
+    parser.add_argument("--out", type=Path, help="output folder (default: <first results dir>/analysis)")
+    parser.add_argument("--envs", nargs="+", help="analyze only these envs (default: all)")
     parser.add_argument("--reference", default="lagged_ppo", help="algorithm the others are compared with and normalized by")
     parser.add_argument("--reference-lag", default="0", help="lag setting of the normalization reference")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples per CI")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     args = parser.parse_args(argv)
-    out_dir = args.out or args.results_dir / "analysis"
-    runs = analyze(args.results_dir, out_dir, args.reference, args.reference_lag, args.reps, args.seed)
+    out_dir = args.out or args.results_dirs[0] / "analysis"
+    runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs)
     print(f"Analyzed {len(runs)} runs: {out_dir / 'results.md'}")
     return 0
 

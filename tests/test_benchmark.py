@@ -236,6 +236,20 @@ def test_analyze_single_seed(grid_dir: Path, tmp_path: Path) -> None:
     assert runs[["final_norm", "auc_norm"]].notna().all().all()
 
 
+def test_analysis_pools_grids_and_filters_envs(grid_dir: Path, tmp_path: Path) -> None:
+    # One grid split in two folders, as a study's extra variants beside the main grid
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(grid_dir, first)
+    shutil.copytree(grid_dir, second)
+    shutil.rmtree(first / "CartPole-v1/vaco")
+    shutil.rmtree(second / "CartPole-v1/lagged_ppo")
+    runs, curves = analyze.load_runs([first, second])
+    assert sorted(runs["algorithm"]) == ["lagged_ppo", "vaco"] and len(curves) == 2
+    assert analyze.load_runs([first, second], envs=["Hopper-v5"])[0].empty
+    with pytest.raises(SystemExit, match="appears twice"):
+        analyze.load_runs([grid_dir, first])
+
+
 def test_normalization() -> None:
     def run(algorithm: str, lag: str, final: float, random_score: float) -> dict:
         return {"env": "E", "algorithm": algorithm, "lag": lag, "final": final, "random_score": random_score}
