@@ -11,10 +11,8 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 RUN=(.venv/bin/python scripts/benchmark.py --n-timesteps 300000 --eval-freq 20000 --workers 2 --out results/delta)
 DECOUPLED="vaco_x05=vaco:tv_reference=decoupled,tv_threshold=0.05"
-BEHAVIOR="vaco_d05=vaco:tv_threshold=0.05"
+BEHAVIOR="vaco_d05=vaco:tv_reference=behavior,tv_threshold=0.05"
 "${RUN[@]}" --envs HalfCheetah-v5 --seeds 3-4 --lags 4 --variants "$DECOUPLED"
 "${RUN[@]}" --envs HalfCheetah-v5 --seeds 3-4 --lags 0 --variants "$BEHAVIOR"
-for seed in 0 1 2 3 4; do
-  "${RUN[@]}" --envs Hopper-v5 --seeds "$seed" --lags 4 --variants "$DECOUPLED"
-  "${RUN[@]}" --envs Hopper-v5 --seeds "$seed" --lags 0 --variants "$BEHAVIOR"
-done
+"${RUN[@]}" --envs Hopper-v5 --seeds 0-4 --lags 4 --variants "$DECOUPLED"
+"${RUN[@]}" --envs Hopper-v5 --seeds 0-4 --lags 0 --variants "$BEHAVIOR"

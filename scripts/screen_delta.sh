@@ -8,6 +8,6 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 .venv/bin/python scripts/benchmark.py --envs Hopper-v5 --n-timesteps 100000 --eval-freq 10000 --workers 2 \
   --out results/screen --lags 4 --seeds 0-2 --variants \
-  "vt_gaecritic_d025=vaco:value_target=gae,tv_threshold=0.025" \
-  "vt_gaecritic_d05=vaco:value_target=gae,tv_threshold=0.05" \
-  "vt_gaecritic_d10=vaco:value_target=gae,tv_threshold=0.1"
+  "vt_gaecritic_d025=vaco:value_target=gae,tv_reference=behavior,tv_threshold=0.025" \
+  "vt_gaecritic_d05=vaco:value_target=gae,tv_reference=behavior,tv_threshold=0.05" \
+  "vt_gaecritic_d10=vaco:value_target=gae,tv_reference=behavior,tv_threshold=0.1"

@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 RUN=(.venv/bin/python scripts/benchmark.py --envs HalfCheetah-v5 --n-timesteps 300000 --eval-freq 20000 --workers 2
   --out results/delta)
-DELTAS=("vaco_d05=vaco:tv_threshold=0.05" "vaco_d10=vaco:tv_threshold=0.1")
+DELTAS=("vaco_d05=vaco:tv_reference=behavior,tv_threshold=0.05"
+  "vaco_d10=vaco:tv_reference=behavior,tv_threshold=0.1")
 BUDGETS=("vaco_b05=vaco:tv_reference=budget,tv_threshold=0.05" "vaco_b10=vaco:tv_reference=budget,tv_threshold=0.1")
 for seed in 0 1 2; do
   "${RUN[@]}" --seeds "$seed" --lags 4 --variants "${DELTAS[@]}" "${BUDGETS[@]}"

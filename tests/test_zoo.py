@@ -6,6 +6,7 @@ into the other tests of the session. Tiny budgets, one torch thread.
 """
 
 import csv
+import inspect
 import json
 import os
 import pickle
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
+from sb3_vaco import VACO
 from sb3_vaco.zoo import HYPERPARAMS_DIR
 
 ENV = {
@@ -340,6 +342,11 @@ def test_shipped_entries_build_models(tmp_path: Path) -> None:
         assert {"default", *MUJOCO_ENVS, *CLASSIC_ENVS} <= set(entries), name
         for env_id in MUJOCO_ENVS:
             assert entries[env_id].get("normalize") is True, (name, env_id)
+    # The zoo's fallback entry trains what `VACO("MlpPolicy", env)` trains
+    defaults = inspect.signature(VACO).parameters
+    fallback = yaml.safe_load((HYPERPARAMS_DIR / "vaco.yml").read_text())["default"]
+    for knob in ("tv_threshold", "tv_reference", "vtrace_rho_bar", "vtrace_c_bar", "value_target"):
+        assert fallback[knob] == defaults[knob].default, knob
     out = run_python(
         tmp_path,
         """
