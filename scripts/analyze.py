@@ -380,7 +380,8 @@ def plot_learning_curves(
         ax.set_xlabel("env steps")
         ax.set_ylabel("eval return")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
+        if ax.get_legend_handles_labels()[0]:  # a (env, lag) cell without runs stays an empty panel
+            ax.legend(fontsize="x-small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
