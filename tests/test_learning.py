@@ -7,7 +7,7 @@ from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_vaco import VACO
 
-# rl-zoo3's tuned PPO settings for CartPole-v1, with VACO's defaults (δ = 0.2, TV to the behavior policy).
+# rl-zoo3's tuned PPO settings for CartPole-v1, with VACO's defaults (decoupled TV filter, δ = 0.05).
 CARTPOLE = dict(
     n_steps=32,
     batch_size=256,
