@@ -44,7 +44,7 @@ class VACO(LaggedOnPolicyAlgorithm):
 
     The paper's rule is ``VACO(..., tv_reference="behavior", tv_threshold=0.2, value_target="vtrace")``; the defaults
     come from the variant study in ``docs/study.md``, where they matched PPO without lag and beat it under lag on
-    HalfCheetah-v5.
+    HalfCheetah-v5, lost to it on Hopper-v5, and collapsed under lag on InvertedPendulum-v5 (still under study).
 
     Paper: "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
     Honari et al., 2026, https://arxiv.org/abs/2603.01365
