@@ -71,6 +71,33 @@ def test_weighted_estimate_is_tv_to_learner():
     th.testing.assert_close(result.loss, -(result.mask * r * advantages).mean())
 
 
+def test_ratio_bound_drops_the_out_of_range_samples_inside_the_budget():
+    log_ratio, advantages = batch(scale=0.5, seed=3)
+    ratio = th.exp(log_ratio)
+    result = tv_filtered_surrogate(ratio, advantages, tv_threshold=10.0, ratio_bound=0.2)
+    assert not result.filter_active
+    dropped = (advantages * (ratio - 1) > 0) & ((ratio - 1).abs() > 0.2)
+    assert 0 < dropped.sum() < len(ratio)
+    assert th.equal(result.mask == 0.0, dropped)
+    assert result.bound_fraction == pytest.approx(dropped.float().mean().item())
+    # Without the bound the same minibatch keeps every sample.
+    assert th.all(tv_filtered_surrogate(ratio, advantages, tv_threshold=10.0).mask == 1.0)
+
+
+def test_ratio_bound_alone_has_the_gradient_of_ppo_clip():
+    """Dropping exactly the samples that PPO's clip zeroes gives the same gradient (Schulman et al. 2017, Eq. 7)."""
+    log_ratio, advantages = batch(scale=0.5, seed=4)
+    grads = []
+    for loss_fn in (
+        lambda r: tv_filtered_surrogate(r, advantages, tv_threshold=10.0, ratio_bound=0.2).loss,
+        lambda r: clipped_surrogate(r, advantages, clip_range=0.2),
+    ):
+        leaf = log_ratio.clone().requires_grad_()
+        loss_fn(th.exp(leaf)).backward()
+        grads.append(leaf.grad)
+    th.testing.assert_close(grads[0], grads[1])
+
+
 def test_extreme_ratios_stay_finite():
     log_ratio = th.tensor([1e4, -1e4, 0.0, 300.0], requires_grad=True)
     advantages = th.tensor([1.0, -1.0, 1.0, -1.0])

@@ -177,6 +177,19 @@ def test_ablation_switches_train(policy_loss, advantage_estimator, tv_reference)
     assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
 
 
+def test_ratio_bound_is_logged_and_only_tightens_the_filter():
+    kwargs = dict(seed=0, policy_lag=1, tv_threshold=10.0, learning_rate=1e-2, **TINY)
+    model = VACO("MlpPolicy", "CartPole-v1", ratio_bound=1e-4, **kwargs).learn(256)
+    # With an unreachable budget the bound is the only reason to drop a sample.
+    values = model.logger.name_to_value
+    assert values["train/filter_active_fraction"] == 0.0
+    assert values["train/bound_fraction"] > 0.0
+    assert values["train/filtered_fraction"] == pytest.approx(values["train/bound_fraction"])
+    unbounded = VACO("MlpPolicy", "CartPole-v1", **kwargs).learn(256)
+    assert "train/bound_fraction" not in unbounded.logger.name_to_value
+    assert unbounded.logger.name_to_value["train/filtered_fraction"] == 0.0
+
+
 def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
     """
     Closed form on real collected data: without lag, the realigned targets are the TD(λ) returns SB3 would
@@ -223,6 +236,7 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
         ({"vtrace_rho_bar": 0.0}, "vtrace_rho_bar"),
         ({"vtrace_c_bar": -1.0}, "vtrace_c_bar"),
         ({"pg_rho_bar": 0.0}, "pg_rho_bar"),
+        ({"ratio_bound": 0.0}, "ratio_bound"),
         ({"tv_reference": "stale"}, "tv_reference"),
         ({"policy_loss": "ppo"}, "policy_loss"),
         ({"advantage_estimator": "td"}, "advantage_estimator"),

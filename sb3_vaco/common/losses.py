@@ -24,12 +24,14 @@ class FilteredSurrogate(NamedTuple):
     :param mask: ``m_i`` (1.0 = sample kept, 0.0 = filtered out)
     :param tv_estimate: ``D̂ = ½·mean_i(w_i·|q_i − 1|)``, no gradient
     :param filter_active: whether ``D̂`` exceeded the threshold in this minibatch
+    :param bound_fraction: fraction of samples dropped by the per-sample ``ratio_bound`` alone (inside the budget)
     """
 
     loss: th.Tensor
     mask: th.Tensor
     tv_estimate: th.Tensor
     filter_active: bool
+    bound_fraction: float = 0.0
 
 
 def tv_filtered_surrogate(
@@ -37,13 +39,16 @@ def tv_filtered_surrogate(
     advantages: th.Tensor,
     tv_threshold: float,
     weights: th.Tensor | None = None,
+    ratio_bound: float | None = None,
 ) -> FilteredSurrogate:
     """
     VACO's total-variation filter for one minibatch (arXiv 2603.01365, "Filter" step)::
 
         D̂   = ½ · mean_i( w_i · |q_i − 1| )                        (no gradient)
-        m_i = 0  if  D̂ > δ  and  Â_i · (q_i − 1) > 0  else 1
+        m_i = 0  if  Â_i · (q_i − 1) > 0  and  ( D̂ > δ  or  |q_i − 1| > ε )  else 1
         L   = − mean_i( m_i · w_i · q_i · Â_i )
+
+    (``ε = ∞`` unless ``ratio_bound`` is given; the paper's filter has no per-sample term.)
 
     ``q`` is the ratio of the policy being optimized to the reference policy of the trust region and ``w``
     a constant importance weight from the reference to the behavior policy. With ``w = 1`` and ``q = π_θ/μ``
@@ -55,20 +60,28 @@ def tv_filtered_surrogate(
     ``q`` further from 1 are dropped. The mean runs over the whole minibatch, so an entirely filtered
     minibatch gives a loss of exactly 0 with a zero gradient.
 
+    The budget bounds the minibatch's *average* ``|q − 1|``, so single samples can still move far while the others
+    stay near 1. ``ratio_bound = ε`` also drops, inside the budget, each sample already outside ``[1 − ε, 1 + ε]``
+    whose gradient would push it further: the per-sample bound of PPO's clip (whose gradient is zero exactly for
+    those samples, Schulman et al. 2017, Eq. 7), around the filter's reference.
+
     :param ratio: ``q_i`` (with gradient)
     :param advantages: ``Â_i`` (normalized or not; the same values are used in the mask and the loss)
     :param tv_threshold: the budget ``δ``
     :param weights: constant weights ``w_i`` (default: all ones)
-    :return: loss, mask, TV estimate and whether the filter was active
+    :param ratio_bound: the per-sample bound ``ε`` on ``|q_i − 1|`` (default: none)
+    :return: loss, mask, TV estimate, whether the filter was active and the fraction dropped by the bound alone
     """
     weights = th.ones_like(ratio) if weights is None else weights.detach()
     with th.no_grad():
         tv_estimate = 0.5 * th.mean(weights * th.abs(ratio - 1.0))
         filter_active = bool(tv_estimate > tv_threshold)
         pushes_away = advantages * (ratio - 1.0) > 0
-        mask = (~(pushes_away & filter_active)).float()
+        out_of_bound = th.zeros_like(pushes_away) if ratio_bound is None else th.abs(ratio - 1.0) > ratio_bound
+        mask = (~(pushes_away & (out_of_bound | filter_active))).float()
+        bound_fraction = 0.0 if filter_active else th.mean((pushes_away & out_of_bound).float()).item()
     loss = -th.mean(mask * weights * ratio * advantages)
-    return FilteredSurrogate(loss, mask, tv_estimate, filter_active)
+    return FilteredSurrogate(loss, mask, tv_estimate, filter_active, bound_fraction)
 
 
 def clipped_surrogate(ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:

@@ -69,6 +69,9 @@ class VACO(LaggedOnPolicyAlgorithm):
         update, as PPO's clip does without lag; the behavior reference is over budget from the first step once the
         lag exceeds δ and then only pulls the learner back toward the stale policy (``docs/study.md``)
     :param pg_rho_bar: Truncation of the importance weight ``π_T/μ`` for ``tv_reference="decoupled"``
+    :param ratio_bound: Per-sample bound ε on ``|q − 1|``, ``q`` the ratio to the filter's reference: inside the TV
+        budget too, a sample already outside ``[1 − ε, 1 + ε]`` whose gradient would push it further is dropped (PPO's
+        clip around the reference, on top of the budget, which bounds only the minibatch's average). None: no bound
     :param policy_loss: ``"tv_filter"`` (VACO), or the baselines' surrogates on the ratio to the behavior
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
@@ -134,6 +137,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         vtrace_c_bar: float = 1.0,
         tv_reference: str = "decoupled",
         pg_rho_bar: float = 1.0,
+        ratio_bound: float | None = None,
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
         value_target: str = "gae",
@@ -196,6 +200,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.vtrace_c_bar = vtrace_c_bar
         self.tv_reference = tv_reference
         self.pg_rho_bar = pg_rho_bar
+        self.ratio_bound = ratio_bound
         self.policy_loss = policy_loss
         self.advantage_estimator = advantage_estimator
         self.value_target = value_target
@@ -230,6 +235,8 @@ class VACO(LaggedOnPolicyAlgorithm):
         positive("vtrace_rho_bar", self.vtrace_rho_bar)
         positive("vtrace_c_bar", self.vtrace_c_bar)
         positive("pg_rho_bar", self.pg_rho_bar)
+        if self.ratio_bound is not None:
+            positive("ratio_bound", self.ratio_bound)
         positive("n_epochs", self.n_epochs)
         positive("n_steps", self.n_steps)
         require(self.kl_coef >= 0, f"`kl_coef` must be >= 0, got {self.kl_coef!r}")
@@ -358,12 +365,15 @@ class VACO(LaggedOnPolicyAlgorithm):
                 weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_T/μ
                 if self.tv_reference == "decoupled":
                     weights = th.clamp(weights, max=self.pg_rho_bar)
-            filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights)
-            return filtered.loss, {
+            filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights, self.ratio_bound)
+            stats = {
                 "tv_estimate": filtered.tv_estimate.item(),
                 "filtered_fraction": 1.0 - filtered.mask.mean().item(),
                 "filter_active_fraction": float(filtered.filter_active),
             }
+            if self.ratio_bound is not None:
+                stats["bound_fraction"] = filtered.bound_fraction
+            return filtered.loss, stats
         if self.policy_loss == "kl":
             return kl_penalty_surrogate(log_ratio, advantages, self.kl_coef), {}
         ratio = safe_ratio(log_ratio)
