@@ -218,8 +218,9 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
     reference.episode_starts = buffer.episode_starts.copy()
     reference.compute_returns_and_advantage(th.as_tensor(value(buffer.last_observations)), buffer.last_dones)
 
-    tv_behavior = model._realign()
+    tv_behavior, ess_fraction = model._realign()
     assert tv_behavior == pytest.approx(0.0, abs=1e-5)
+    assert ess_fraction == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(buffer.returns, reference.returns, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(buffer.values, reference.values, rtol=1e-5, atol=1e-5)
     # The same after the buffer was flattened by `get()` (the every-epoch realignment path).
@@ -273,6 +274,24 @@ def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
     assert unscaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
 
 
+def test_ess_scaled_budget_is_delta_times_the_effective_sample_size_fraction():
+    kwargs = dict(seed=0, policy_lag=3, tv_threshold=0.2, learning_rate=1e-2, **TINY)
+    model = VACO("MlpPolicy", "Pendulum-v1", tv_ess_scaling=True, **kwargs).learn(TINY["n_steps"] * 6)
+    values = model.logger.name_to_value
+    assert 0.0 < values["train/ess_fraction"] < 1.0  # stale data: the weights π_T/μ vary
+    assert values["train/tv_threshold"] == pytest.approx(0.2 * values["train/ess_fraction"])
+
+
+def test_ess_fraction_is_kish_effective_sample_size():
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, learning_rate=1e-2, **TINY)
+    model.learn(TINY["n_steps"] * 5)
+    _, ess_fraction = model._realign()
+    buffer = model.rollout_buffer
+    rhos = np.exp(buffer.time_major("learner_log_probs") - buffer.time_major("log_probs")).astype(np.float64)
+    assert ess_fraction == pytest.approx(rhos.sum() ** 2 / (rhos.size * (rhos**2).sum()), rel=1e-4)
+    assert ess_fraction < 1.0
+
+
 def test_value_target_splits_the_realignment_between_policy_and_critic():
     """``value_target`` picks the critic's targets; the policy's advantages follow ``advantage_estimator``."""
     model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, **TINY)
@@ -281,7 +300,7 @@ def test_value_target_splits_the_realignment_between_policy_and_critic():
 
     def realign(advantage_estimator: str, value_target: str) -> tuple[np.ndarray, np.ndarray]:
         model.advantage_estimator, model.value_target = advantage_estimator, value_target
-        assert model._realign() > 1e-4  # the data is off-policy, so V-trace and GAE differ
+        assert model._realign()[0] > 1e-4  # the data is off-policy, so V-trace and GAE differ
         return model.rollout_buffer.returns.copy(), model.rollout_buffer.advantages.copy()
 
     vtrace_returns, vtrace_advantages = realign("vtrace", "vtrace")
@@ -302,7 +321,7 @@ def test_value_target_makes_no_difference_without_lag():
 
     def realigned_targets(value_target: str) -> np.ndarray:
         model.value_target = value_target
-        assert model._realign() < 1e-5  # on-policy up to rounding
+        assert model._realign()[0] < 1e-5  # on-policy up to rounding
         return model.rollout_buffer.returns.copy()
 
     np.testing.assert_allclose(realigned_targets("vtrace"), realigned_targets("gae"), rtol=1e-5, atol=1e-5)

@@ -85,6 +85,9 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param tv_lag_scaling: Divide the TV budget by ``1 + k̄``, with ``k̄`` the rollout's measured mean staleness in
         updates. At a steady per-update move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from
         the behavior data, as without lag: the trust region shrinks for stale samples as in GePPO (Queeney et al., 2021)
+    :param tv_ess_scaling: Multiply the TV budget by the rollout's effective sample size fraction
+        ``ESS/N = (Σρ)² / (N·Σρ²)`` of the importance weights ``ρ = π_T/μ`` (Kish's ESS): 1 without lag, small when
+        the stale data hardly overlaps the learner, so the learner moves as far as the data can tell it to
     :param clip_range: ε of ``policy_loss="clip"`` and ``"spo"`` (float or schedule)
     :param clip_range_vf: Clipping of the value function around the learner's values at the start of the update
     :param kl_coef: β of ``policy_loss="kl"``
@@ -143,6 +146,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         value_target: str = "gae",
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool = False,
+        tv_ess_scaling: bool = False,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         kl_coef: float = 1.0,
@@ -206,6 +210,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.value_target = value_target
         self.realign_every_epoch = realign_every_epoch
         self.tv_lag_scaling = tv_lag_scaling
+        self.tv_ess_scaling = tv_ess_scaling
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
         self.kl_coef = kl_coef
@@ -295,13 +300,14 @@ class VACO(LaggedOnPolicyAlgorithm):
             next_values[steps, envs] = self.policy.predict_values(obs_as_tensor(batch, self.device)).flatten().cpu()
         return next_values, dones
 
-    def _realign(self) -> float:
+    def _realign(self) -> tuple[float, float]:
         """
         Align: re-estimate, for the learner ``π_T`` as it is now, the values ``V(s_t)``, log-probs ``log π_T(a_t|s_t)``,
         value targets and advantages of the whole rollout (V-trace, paper's "advantage alignment"), and write
         them into the buffer. Runs on the time-ordered rollout, before or after the buffer was flattened.
 
-        :return: the sample estimate of ``TV(π_T, μ) = ½·E_μ|π_T/μ − 1|`` over the rollout (the backward lag)
+        :return: the sample estimate of ``TV(π_T, μ) = ½·E_μ|π_T/μ − 1|`` over the rollout (the backward lag) and the
+            effective sample size fraction ``(Σρ)² / (N·Σρ²)`` of the weights ``ρ = π_T/μ``
         """
         buffer = self.rollout_buffer
         self.policy.set_training_mode(False)
@@ -338,14 +344,16 @@ class VACO(LaggedOnPolicyAlgorithm):
             critic_returns = policy_returns if correct_targets == correct_advantages else returns(correct_targets)
             targets = critic_returns.value_targets
             advantages = policy_returns.advantages if correct_advantages else policy_returns.value_targets - values_t
-            tv_behavior = 0.5 * th.mean(th.abs(safe_ratio(log_rhos) - 1.0)).item()
+            rhos = safe_ratio(log_rhos)
+            tv_behavior = 0.5 * th.mean(th.abs(rhos - 1.0)).item()
+            ess_fraction = (th.sum(rhos) ** 2 / (rhos.numel() * th.sum(rhos**2))).item()
 
         buffer.set_time_major("values", values)
         buffer.set_time_major("learner_log_probs", learner_log_probs)
         buffer.set_time_major("returns", targets.cpu().numpy())
         buffer.set_time_major("advantages", advantages.cpu().numpy())
         self.policy.set_training_mode(True)
-        return tv_behavior
+        return tv_behavior, ess_fraction
 
     def _surrogate(
         self,
@@ -382,6 +390,17 @@ class VACO(LaggedOnPolicyAlgorithm):
             return spo_surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
         return clipped_surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
 
+    def _tv_budget(self, tv_threshold: float, tv_behavior: float, ess_fraction: float) -> float:
+        """This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``), plus the lag
+        already spent for ``tv_reference="budget"``."""
+        if self.tv_lag_scaling:
+            tv_threshold /= 1.0 + self._rollout_policy_lag
+        if self.tv_ess_scaling:
+            tv_threshold *= ess_fraction
+        if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
+            tv_threshold += tv_behavior
+        return tv_threshold
+
     def train(self) -> None:
         """
         Update policy using the currently gathered rollout buffer: realign once (or every epoch),
@@ -393,11 +412,8 @@ class VACO(LaggedOnPolicyAlgorithm):
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
 
-        tv_behavior = self._realign()
-        if self.tv_lag_scaling:
-            tv_threshold /= 1.0 + self._rollout_policy_lag
-        if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
-            tv_threshold += tv_behavior
+        tv_behavior, ess_fraction = self._realign()
+        tv_threshold = self._tv_budget(tv_threshold, tv_behavior, ess_fraction)
 
         # Per-minibatch diagnostics, logged as means over the update under train/<key>
         diagnostics: dict[str, list[float]] = {}
@@ -468,6 +484,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             warnings.warn(f"VACO skipped {skipped_minibatches} minibatch(es) with a non-finite loss in this update")
         diagnostics.update(
             tv_behavior=[tv_behavior],
+            ess_fraction=[ess_fraction],
             skipped_minibatches=[skipped_minibatches],
             loss=[loss.item()],
             explained_variance=[
