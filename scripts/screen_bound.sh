@@ -17,7 +17,8 @@ bench() { .venv/bin/python scripts/benchmark.py --n-timesteps 300000 --eval-freq
 D20="vaco_d20=vaco:tv_reference=behavior,tv_threshold=0.2"
 RB20="vaco_rb20=vaco:ratio_bound=0.2"
 RBESS="vaco_rbess=vaco:ratio_bound=0.2,tv_ess_scaling=True"
-bench --envs InvertedPendulum-v5 --lags 4 16 0 --seeds 0-4 --variants "$D20" "$RB20" --out results/ip
+bench --envs InvertedPendulum-v5 --lags 4 16 --seeds 0-4 --variants "$D20" "$RB20" --out results/ip
+bench --envs InvertedPendulum-v5 --lags 0 --seeds 0-1 --variants "$D20" "$RB20" --out results/ip
 bench --envs HalfCheetah-v5 --lags 4 16 --seeds 0-2 --variants "$RB20" --out results/bound
 bench --envs Hopper-v5 --lags 0 4 --seeds 0-2 --variants "$RB20" --out results/bound
 bench --envs InvertedPendulum-v5 --lags 16 4 --seeds 0-2 --variants "$RBESS" --out results/ip
