@@ -17,6 +17,10 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Import sb3_vaco from this checkout (a worktree, a copy) rather than wherever it is installed, so that a record's
+# git revision names the code that ran. Spawned workers re-import this module and get the same path.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 # Distributions whose versions every record carries.
 VERSIONED_PACKAGES = ("stable_baselines3", "sb3_vaco", "torch", "gymnasium", "mujoco", "rl_zoo3", "numpy")
 
