@@ -79,7 +79,8 @@ def tv_filtered_surrogate(
         pushes_away = advantages * (ratio - 1.0) > 0
         out_of_bound = th.zeros_like(pushes_away) if ratio_bound is None else th.abs(ratio - 1.0) > ratio_bound
         mask = (~(pushes_away & (out_of_bound | filter_active))).float()
-        bound_fraction = 0.0 if filter_active else th.mean((pushes_away & out_of_bound).float()).item()
+        bound_only = ratio_bound is not None and not filter_active
+        bound_fraction = th.mean((pushes_away & out_of_bound).float()).item() if bound_only else 0.0
     loss = -th.mean(mask * weights * ratio * advantages)
     return FilteredSurrogate(loss, mask, tv_estimate, filter_active, bound_fraction)
 

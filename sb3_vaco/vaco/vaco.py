@@ -391,8 +391,10 @@ class VACO(LaggedOnPolicyAlgorithm):
         return clipped_surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
 
     def _tv_budget(self, tv_threshold: float, tv_behavior: float, ess_fraction: float) -> float:
-        """This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``), plus the lag
-        already spent for ``tv_reference="budget"``."""
+        """
+        This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``), plus the lag
+        already spent for ``tv_reference="budget"``.
+        """
         if self.tv_lag_scaling:
             tv_threshold /= 1.0 + self._rollout_policy_lag
         if self.tv_ess_scaling:
