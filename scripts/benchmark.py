@@ -71,7 +71,10 @@ BUILTIN_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lagged_ppo": ("lagged_ppo", {}),
     "vaco_align_only": ("vaco", {"policy_loss": "clip"}),
     "vaco_filter_only": ("vaco", {"advantage_estimator": "gae"}),
-    "vaco_paper": ("vaco", {"tv_reference": "behavior", "tv_threshold": 0.2, "value_target": "vtrace"}),
+    "vaco_paper": (
+        "vaco",
+        {"tv_reference": "behavior", "tv_threshold": 0.2, "value_target": "vtrace", "ratio_bound": None},
+    ),
     "spo": ("vaco", {"policy_loss": "spo", "advantage_estimator": "gae"}),
     "ppo_kl": ("vaco", {"policy_loss": "kl", "advantage_estimator": "gae"}),
 }

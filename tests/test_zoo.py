@@ -345,7 +345,7 @@ def test_shipped_entries_build_models(tmp_path: Path) -> None:
     # The zoo's fallback entry trains what `VACO("MlpPolicy", env)` trains
     defaults = inspect.signature(VACO).parameters
     fallback = yaml.safe_load((HYPERPARAMS_DIR / "vaco.yml").read_text())["default"]
-    for knob in ("tv_threshold", "tv_reference", "vtrace_rho_bar", "vtrace_c_bar", "value_target"):
+    for knob in ("tv_threshold", "tv_reference", "vtrace_rho_bar", "vtrace_c_bar", "value_target", "ratio_bound"):
         assert fallback[knob] == defaults[knob].default, knob
     out = run_python(
         tmp_path,
