@@ -6,9 +6,11 @@
 # al. 2022, on top of the budget); `vaco_d20` is the previous default (behavior filter, δ = 0.2); `vaco_rbess` adds
 # `tv_ess_scaling` to `vaco_rb20` (budget × the stale batch's effective sample size fraction). Main grid
 # protocol (300k steps, eval every 20k, zoo settings); references: results/main (vaco, vaco_paper, lagged_ppo).
+# `vaco_rb20` became the default: its runs moved to results/main as `vaco` (docs/study.md "Names"); a rerun would
+# run them again under the old name, now with ratio_bound on by default in the YAML (the same settings).
 # Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/ip results/main --envs InvertedPendulum-v5 --out results/ip/analysis
-#   python scripts/analyze.py results/bound results/main --envs HalfCheetah-v5 Hopper-v5 --out results/bound/analysis
+#   python scripts/analyze.py results/main   (the HalfCheetah-v5 / Hopper-v5 runs, now `vaco` there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
