@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Variant study (issue 7), eighth screen: the collapses at lag 16. With the defaults (decoupled filter, δ = 0.05,
+# ratio_bound = 0.2) two of five InvertedPendulum-v5 runs collapse at lag 16 after the learner's action std shrank
+# faster than without lag (docs/study.md); SB3's PPO keeps its std there. Two remedies on InvertedPendulum-v5, lag 16,
+# five seeds: `vaco_ent01` adds an entropy bonus (ent_coef = 0.01; the YAML entry has 0), `vaco_ls` divides the
+# budget by 1 + the measured lag (`tv_lag_scaling`: the learner then stays about δ from the behavior data instead of
+# moving δ per update away from it). Main grid protocol (300k steps, eval every 20k, zoo settings); references:
+# results/main. Resumable: rerun to continue. Analysis:
+#   python scripts/analyze.py results/ip results/main --envs InvertedPendulum-v5 --out results/ip/analysis
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+WORKERS=${WORKERS:-2}
+bench() { .venv/bin/python scripts/benchmark.py --n-timesteps 300000 --eval-freq 20000 --workers "$WORKERS" "$@"; }
+bench --envs InvertedPendulum-v5 --lags 16 --seeds 0-4 --variants "vaco_ent01=vaco:ent_coef=0.01" --out results/ip
+bench --envs InvertedPendulum-v5 --lags 16 --seeds 0-4 --variants "vaco_ls=vaco:tv_lag_scaling=True" --out results/ip
