@@ -238,6 +238,7 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
         ({"vtrace_c_bar": -1.0}, "vtrace_c_bar"),
         ({"pg_rho_bar": 0.0}, "pg_rho_bar"),
         ({"ratio_bound": 0.0}, "ratio_bound"),
+        ({"tv_lag_scaling": -1.0}, "tv_lag_scaling"),
         ({"tv_reference": "stale"}, "tv_reference"),
         ({"policy_loss": "ppo"}, "policy_loss"),
         ({"advantage_estimator": "td"}, "advantage_estimator"),
@@ -272,6 +273,9 @@ def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
     assert model.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / (1 + 3))
     unscaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, **TINY).learn(TINY["n_steps"] * 6)
     assert unscaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
+    sqrt_scaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, tv_lag_scaling=0.5, **TINY)
+    sqrt_scaled.learn(TINY["n_steps"] * 6)
+    assert sqrt_scaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / 2)  # (1 + 3) ** 0.5
 
 
 def test_ess_scaled_budget_is_delta_times_the_effective_sample_size_fraction():

@@ -84,9 +84,11 @@ class VACO(LaggedOnPolicyAlgorithm):
         lag the truncated weights make V-trace targets close to the critic's own values, so the critic stops
         learning; GAE targets keep it learning (``docs/study.md``)
     :param realign_every_epoch: Recompute the realignment before every epoch instead of once per batch
-    :param tv_lag_scaling: Divide the TV budget by ``1 + k̄``, with ``k̄`` the rollout's measured mean staleness in
-        updates. At a steady per-update move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from
-        the behavior data, as without lag: the trust region shrinks for stale samples as in GePPO (Queeney et al., 2021)
+    :param tv_lag_scaling: Divide the TV budget by ``(1 + k̄)^p``, with ``k̄`` the rollout's measured mean staleness
+        in updates and ``p`` this exponent (``True`` = 1, ``False`` = 0: off). With ``p = 1`` and a steady per-update
+        move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from the behavior data, as without
+        lag: the trust region shrinks for stale samples as in GePPO (Queeney et al., 2021). ``p = 0.5`` assumes the
+        moves of successive updates add up like a random walk's
     :param tv_ess_scaling: Multiply the TV budget by the rollout's effective sample size fraction
         ``ESS/N = (Σρ)² / (N·Σρ²)`` of the importance weights ``ρ = π_T/μ`` (Kish's ESS): 1 without lag, small when
         the stale data hardly overlaps the learner, so the learner moves as far as the data can tell it to
@@ -147,7 +149,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         advantage_estimator: str = "vtrace",
         value_target: str = "gae",
         realign_every_epoch: bool = False,
-        tv_lag_scaling: bool = False,
+        tv_lag_scaling: bool | float = False,
         tv_ess_scaling: bool = False,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
@@ -211,7 +213,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.advantage_estimator = advantage_estimator
         self.value_target = value_target
         self.realign_every_epoch = realign_every_epoch
-        self.tv_lag_scaling = tv_lag_scaling
+        self.tv_lag_scaling = float(tv_lag_scaling)
         self.tv_ess_scaling = tv_ess_scaling
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
@@ -244,6 +246,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         positive("pg_rho_bar", self.pg_rho_bar)
         if self.ratio_bound is not None:
             positive("ratio_bound", self.ratio_bound)
+        require(self.tv_lag_scaling >= 0, f"`tv_lag_scaling` must be a bool or an exponent >= 0, got {self.tv_lag_scaling!r}")
         positive("n_epochs", self.n_epochs)
         positive("n_steps", self.n_steps)
         require(self.kl_coef >= 0, f"`kl_coef` must be >= 0, got {self.kl_coef!r}")
@@ -398,7 +401,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         already spent for ``tv_reference="budget"``.
         """
         if self.tv_lag_scaling:
-            tv_threshold /= 1.0 + self._rollout_policy_lag
+            tv_threshold /= (1.0 + self._rollout_policy_lag) ** self.tv_lag_scaling
         if self.tv_ess_scaling:
             tv_threshold *= ess_fraction
         if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
