@@ -74,6 +74,10 @@ class VACO(LaggedOnPolicyAlgorithm):
         clip around the reference, on top of the budget, which bounds only the minibatch's average). The default 0.2
         kept InvertedPendulum-v5 at lag 4 and lifted HalfCheetah-v5 at lag 4 (``docs/study.md``, seventh screen).
         None: no per-sample bound (the paper's filter)
+    :param behavior_ratio_bound: Per-sample bound ε_μ on ``|π_θ/μ − 1|``, the ratio to the behavior policy: a sample
+        outside ``[1 − ε_μ, 1 + ε_μ]`` whose gradient would push it further is dropped too (PPO's clip around the
+        stale policy, on top of the filter around ``π_T``), so the learner cannot run away from its data however
+        many updates it lags. None: no bound
     :param policy_loss: ``"tv_filter"`` (VACO), or the baselines' surrogates on the ratio to the behavior
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
@@ -92,6 +96,9 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param tv_ess_scaling: Multiply the TV budget by the rollout's effective sample size fraction
         ``ESS/N = (Σρ)² / (N·Σρ²)`` of the importance weights ``ρ = π_T/μ`` (Kish's ESS): 1 without lag, small when
         the stale data hardly overlaps the learner, so the learner moves as far as the data can tell it to
+    :param tv_behavior_limit: Shrink the TV budget with the measured lag ``TV(π_T, μ)`` of the rollout:
+        ``δ · max(0, 1 − TV(π_T, μ)/τ)``, τ this limit (full budget without lag, none once the learner is τ from the
+        data). None: no shrinking
     :param clip_range: ε of ``policy_loss="clip"`` and ``"spo"`` (float or schedule)
     :param clip_range_vf: Clipping of the value function around the learner's values at the start of the update
     :param kl_coef: β of ``policy_loss="kl"``
@@ -145,12 +152,14 @@ class VACO(LaggedOnPolicyAlgorithm):
         tv_reference: str = "decoupled",
         pg_rho_bar: float = 1.0,
         ratio_bound: float | None = 0.2,
+        behavior_ratio_bound: float | None = None,
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
         value_target: str = "gae",
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool | float = False,
         tv_ess_scaling: bool = False,
+        tv_behavior_limit: float | None = None,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         kl_coef: float = 1.0,
@@ -209,12 +218,14 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.tv_reference = tv_reference
         self.pg_rho_bar = pg_rho_bar
         self.ratio_bound = ratio_bound
+        self.behavior_ratio_bound = behavior_ratio_bound
         self.policy_loss = policy_loss
         self.advantage_estimator = advantage_estimator
         self.value_target = value_target
         self.realign_every_epoch = realign_every_epoch
         self.tv_lag_scaling = float(tv_lag_scaling)
         self.tv_ess_scaling = tv_ess_scaling
+        self.tv_behavior_limit = tv_behavior_limit
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
         self.kl_coef = kl_coef
@@ -244,8 +255,9 @@ class VACO(LaggedOnPolicyAlgorithm):
         positive("vtrace_rho_bar", self.vtrace_rho_bar)
         positive("vtrace_c_bar", self.vtrace_c_bar)
         positive("pg_rho_bar", self.pg_rho_bar)
-        if self.ratio_bound is not None:
-            positive("ratio_bound", self.ratio_bound)
+        for name in ("ratio_bound", "behavior_ratio_bound", "tv_behavior_limit"):
+            if getattr(self, name) is not None:
+                positive(name, getattr(self, name))
         require(self.tv_lag_scaling >= 0, f"`tv_lag_scaling` must be a bool or an exponent >= 0, got {self.tv_lag_scaling!r}")
         positive("n_epochs", self.n_epochs)
         positive("n_steps", self.n_steps)
@@ -378,7 +390,15 @@ class VACO(LaggedOnPolicyAlgorithm):
                 weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_T/μ
                 if self.tv_reference == "decoupled":
                     weights = th.clamp(weights, max=self.pg_rho_bar)
-            filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights, self.ratio_bound)
+            filtered = tv_filtered_surrogate(
+                ratio,
+                advantages,
+                tv_threshold,
+                weights,
+                self.ratio_bound,
+                behavior_ratio=safe_ratio(log_ratio) if self.behavior_ratio_bound is not None else None,
+                behavior_ratio_bound=self.behavior_ratio_bound,
+            )
             stats = {
                 "tv_estimate": filtered.tv_estimate.item(),
                 "filtered_fraction": 1.0 - filtered.mask.mean().item(),
@@ -397,13 +417,15 @@ class VACO(LaggedOnPolicyAlgorithm):
 
     def _tv_budget(self, tv_threshold: float, tv_behavior: float, ess_fraction: float) -> float:
         """
-        This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``), plus the lag
-        already spent for ``tv_reference="budget"``.
+        This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``,
+        ``tv_behavior_limit``), plus the lag already spent for ``tv_reference="budget"``.
         """
         if self.tv_lag_scaling:
             tv_threshold /= (1.0 + self._rollout_policy_lag) ** self.tv_lag_scaling
         if self.tv_ess_scaling:
             tv_threshold *= ess_fraction
+        if self.tv_behavior_limit is not None:
+            tv_threshold *= max(0.0, 1.0 - tv_behavior / self.tv_behavior_limit)
         if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
             tv_threshold += tv_behavior
         return tv_threshold

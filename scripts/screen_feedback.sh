@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Variant study (issue 7), ninth screen: feedback on the learner's distance to its data. The eighth screen showed
+# that dividing the budget by the lag in updates (`tv_lag_scaling`) holds lag 16 but costs HalfCheetah-v5's lag-4
+# lead. Two remedies that act on the measured distance instead, both identical to the defaults without lag:
+#   vaco_tvl10  budget δ·max(0, 1 − TV(π_T, μ)/τ), τ = 0.1 (`tv_behavior_limit`)
+#   vaco_bb05   per-sample bound 0.5 on |π_θ/μ − 1| on top of the decoupled filter (`behavior_ratio_bound`)
+# Cells: InvertedPendulum-v5 lag 16 (collapses with the defaults), HalfCheetah-v5 lag 4 (the lead to keep), Hopper-v5
+# lag 16; seeds 0-2. Main grid protocol (300k steps, eval every 20k, zoo settings); references: results/main.
+# Resumable: rerun to continue. Analysis:
+#   python scripts/analyze.py results/feedback results/main --out results/feedback/analysis
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+WORKERS=${WORKERS:-2}
+bench() { .venv/bin/python scripts/benchmark.py --n-timesteps 300000 --eval-freq 20000 --workers "$WORKERS" --out results/feedback "$@"; }
+VARIANTS=("vaco_tvl10=vaco:tv_behavior_limit=0.1" "vaco_bb05=vaco:behavior_ratio_bound=0.5")
+bench --envs InvertedPendulum-v5 --lags 16 --seeds 0-2 --variants "${VARIANTS[@]}"
+bench --envs HalfCheetah-v5 --lags 4 --seeds 0-2 --variants "${VARIANTS[@]}"
+bench --envs Hopper-v5 --lags 16 --seeds 0-2 --variants "${VARIANTS[@]}"
