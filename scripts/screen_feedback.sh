@@ -9,7 +9,8 @@
 # keep) and Hopper-v5 lag 16, seeds 0-2. τ = 0.2 held InvertedPendulum-v5 and Hopper-v5 at lag 16 and kept most of
 # HalfCheetah-v5's lag-4 lead, so its five-seed confirmation at lags 4 and 16 started on InvertedPendulum-v5 (lag 0
 # needs no runs: there TV(π_T, μ) = 0 and the budget is δ, the defaults' runs). It lost lag 4 there (25, 1000, 1000,
-# 548, 1000; defaults 988 mean) and one of five lag-16 runs collapsed, so the confirmation stopped: defaults unchanged. Main grid protocol (300k steps, eval every 20k, zoo settings); references: results/main.
+# 548, 1000; defaults 988 mean) and one of five lag-16 runs collapsed, so the confirmation stopped: defaults unchanged.
+# Main grid protocol (300k steps, eval every 20k, zoo settings); references: results/main.
 # Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/feedback results/main --out results/feedback/analysis
 set -euo pipefail
