@@ -11,6 +11,7 @@
 # Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/ip results/main --envs InvertedPendulum-v5 --out results/ip/analysis
 #   python scripts/analyze.py results/main   (the HalfCheetah-v5 / Hopper-v5 runs, now `vaco` there)
+# `tv_ess_scaling` (vaco_rbess) was removed from VACO afterwards (rejected here): rerun this screen at commit ad7b363.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

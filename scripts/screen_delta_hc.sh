@@ -8,6 +8,8 @@
 # Same protocol as the main grid (300k steps, eval every 20k, zoo settings): δ = 0.2 and LaggedPPO are the main
 # grid's `vaco` and `lagged_ppo`. Seed by seed, so a partial screen covers every cell. Resumable: rerun to continue.
 # Analysis: python scripts/analyze.py results/delta results/main --envs HalfCheetah-v5 --out results/delta/analysis
+# The budget reference (`tv_reference=budget`, vaco_b05/vaco_b10) was removed from VACO afterwards (rejected here):
+# rerun this screen at commit 563eaeb.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

@@ -13,6 +13,7 @@
 # Main grid protocol (300k steps, eval every 20k, zoo settings); references: results/main.
 # Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/feedback results/main --out results/feedback/analysis
+# `behavior_ratio_bound` (vaco_bb05) was removed from VACO afterwards (rejected here): rerun this screen at commit 563eaeb.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

@@ -98,24 +98,6 @@ def test_ratio_bound_alone_has_the_gradient_of_ppo_clip():
     th.testing.assert_close(grads[0], grads[1])
 
 
-def test_behavior_ratio_bound_drops_the_samples_that_run_away_from_the_data():
-    """Decoupled filter (q = π_θ/π_T) plus the bound on p = π_θ/μ: exactly the far samples pushed further go."""
-    log_ratio, advantages = batch(scale=0.8, seed=5)  # log π_θ/μ
-    learner_log_ratio, _ = batch(scale=0.8, seed=6)  # log π_T/μ
-    behavior_ratio, learner_weights = th.exp(log_ratio), th.exp(learner_log_ratio)
-    ratio = behavior_ratio / learner_weights
-    inside = tv_filtered_surrogate(ratio, advantages, tv_threshold=10.0, weights=learner_weights)
-    assert th.all(inside.mask == 1.0)
-    bounded = tv_filtered_surrogate(
-        ratio, advantages, 10.0, learner_weights, behavior_ratio=behavior_ratio, behavior_ratio_bound=0.3
-    )
-    dropped = (advantages * (behavior_ratio - 1) > 0) & ((behavior_ratio - 1).abs() > 0.3)
-    assert 0 < dropped.sum() < len(ratio)
-    assert th.equal(bounded.mask == 0.0, dropped)
-    with pytest.raises(ValueError, match="behavior_ratio"):
-        tv_filtered_surrogate(ratio, advantages, 10.0, behavior_ratio_bound=0.3)
-
-
 def test_extreme_ratios_stay_finite():
     log_ratio = th.tensor([1e4, -1e4, 0.0, 300.0], requires_grad=True)
     advantages = th.tensor([1.0, -1.0, 1.0, -1.0])

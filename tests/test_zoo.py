@@ -37,7 +37,7 @@ CARTPOLE_PARAMS = [
     "n_epochs:2",
     "batch_size:64",
     "tv_threshold:lin_0.3",
-    "tv_reference:budget",
+    "tv_reference:learner",
     "vtrace_rho_bar:2.0",
     "vtrace_c_bar:0.5",
     "policy_lag:2",
@@ -105,7 +105,7 @@ def test_train_writes_run_with_vaco_config(logs: Path) -> None:
     config = load_yaml(run_dir / "CartPole-v1" / "config.yml")
     # -params override the shipped entry...
     assert config["tv_threshold"] == "lin_0.3"
-    assert config["tv_reference"] == "budget"
+    assert config["tv_reference"] == "learner"
     assert config["vtrace_rho_bar"] == 2.0
     assert config["vtrace_c_bar"] == 0.5
     assert config["policy_lag"] == 2
@@ -151,7 +151,7 @@ def test_saved_models_load_as_their_class(logs: Path) -> None:
     )
     loaded = json.loads(out.strip().splitlines()[-1])
     assert loaded["vaco"] == "VACO"
-    assert loaded["tv_reference"] == "budget"
+    assert loaded["tv_reference"] == "learner"
     assert loaded["policy_lag"] == 2
     assert loaded["rho_bar"] == 2.0
     # tv_threshold: lin_0.3 is a linear schedule from 0.3 to 0
@@ -260,7 +260,7 @@ def test_bad_input_fails_cleanly(logs: Path, tmp_path: Path) -> None:
                                 "(from -params)"),
         "zoo-set key": (["--env", "CartPole-v1", "-params", "seed:3"], "`seed` (from -params) is set by the zoo", "--seed"),
         "invalid value": (["--env", "CartPole-v1", "-params", "tv_reference:nearest"], "`tv_reference` must be one of",
-                          "'budget'"),
+                          "'decoupled'"),
         "bad schedule": (["--env", "CartPole-v1", "-params", "tv_threshold:exp_0.1"], "`tv_threshold` must be", "lin_"),
         "missing file": (["--env", "CartPole-v1", "-conf", "nowhere.yml"], "hyperparameter file not found", "nowhere.yml"),
         "trial without study": (["--env", "CartPole-v1", "--trial-id", "0"], "--trial-id needs --storage", "--study-name"),

@@ -40,8 +40,6 @@ def tv_filtered_surrogate(
     tv_threshold: float,
     weights: th.Tensor | None = None,
     ratio_bound: float | None = None,
-    behavior_ratio: th.Tensor | None = None,
-    behavior_ratio_bound: float | None = None,
 ) -> FilteredSurrogate:
     """
     VACO's total-variation filter for one minibatch (arXiv 2603.01365, "Filter" step)::
@@ -50,9 +48,7 @@ def tv_filtered_surrogate(
         m_i = 0  if  Â_i · (q_i − 1) > 0  and  ( D̂ > δ  or  |q_i − 1| > ε )  else 1
         L   = − mean_i( m_i · w_i · q_i · Â_i )
 
-    (``ε = ∞`` unless ``ratio_bound`` is given; the paper's filter has no per-sample term.) With
-    ``behavior_ratio_bound = ε_μ`` a sample is also dropped when ``Â_i · (p_i − 1) > 0`` and ``|p_i − 1| > ε_μ``,
-    ``p = π_θ/μ`` the ratio to the behavior policy (``behavior_ratio``).
+    (``ε = ∞`` unless ``ratio_bound`` is given; the paper's filter has no per-sample term.)
 
     ``q`` is the ratio of the policy being optimized to the reference policy of the trust region and ``w``
     a constant importance weight from the reference to the behavior policy. With ``w = 1`` and ``q = π_θ/μ``
@@ -74,9 +70,6 @@ def tv_filtered_surrogate(
     :param tv_threshold: the budget ``δ``
     :param weights: constant weights ``w_i`` (default: all ones)
     :param ratio_bound: the per-sample bound ``ε`` on ``|q_i − 1|`` (default: none)
-    :param behavior_ratio: ``p_i = π_θ/μ`` (needed with ``behavior_ratio_bound``)
-    :param behavior_ratio_bound: the per-sample bound ``ε_μ`` on ``|p_i − 1|``: PPO's clip around the behavior
-        policy, on top of the filter around its reference (default: none)
     :return: loss, mask, TV estimate, whether the filter was active and the fraction dropped by the bound alone
     """
     weights = th.ones_like(ratio) if weights is None else weights.detach()
@@ -86,11 +79,6 @@ def tv_filtered_surrogate(
         pushes_away = advantages * (ratio - 1.0) > 0
         out_of_bound = th.zeros_like(pushes_away) if ratio_bound is None else th.abs(ratio - 1.0) > ratio_bound
         dropped = pushes_away & (out_of_bound | filter_active)
-        if behavior_ratio_bound is not None:
-            if behavior_ratio is None:
-                raise ValueError("`behavior_ratio_bound` needs `behavior_ratio` (π_θ/μ)")
-            behavior_deviation = behavior_ratio.detach() - 1.0
-            dropped |= (advantages * behavior_deviation > 0) & (th.abs(behavior_deviation) > behavior_ratio_bound)
         mask = (~dropped).float()
         bound_only = ratio_bound is not None and not filter_active
         bound_fraction = th.mean((pushes_away & out_of_bound).float()).item() if bound_only else 0.0

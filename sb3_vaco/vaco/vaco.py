@@ -23,7 +23,7 @@ from sb3_vaco.common.vtrace import VTraceReturns, vtrace
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
-TV_REFERENCES = ("behavior", "learner", "decoupled", "budget")
+TV_REFERENCES = ("behavior", "learner", "decoupled")
 POLICY_LOSSES = ("tv_filter", "clip", "spo", "kl")
 ADVANTAGE_ESTIMATORS = ("vtrace", "gae")
 
@@ -64,20 +64,15 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param tv_reference: Reference policy of the TV filter. ``"decoupled"`` (default): ``π_θ/π_T``, the drift
         since the update started, samples weighted by ``min(pg_rho_bar, π_T/μ)``. ``"behavior"``: ``π_θ/μ``, the
         total lag (the paper's rule, with ``tv_threshold=0.2``). ``"learner"``: as ``"decoupled"`` with the weight
-        ``π_T/μ`` untruncated. ``"budget"``: behavior reference with budget ``TV(π_T, μ) + δ`` (the lag already spent
-        plus δ). Without lag (π_T = μ) all four are the same filter. The default bounds the learner's own move per
-        update, as PPO's clip does without lag; the behavior reference is over budget from the first step once the
-        lag exceeds δ and then only pulls the learner back toward the stale policy (``docs/study.md``)
+        ``π_T/μ`` untruncated. Without lag (π_T = μ) all three are the same filter. The default bounds the learner's
+        own move per update, as PPO's clip does without lag; the behavior reference is over budget from the first step
+        once the lag exceeds δ and then only pulls the learner back toward the stale policy (``docs/study.md``)
     :param pg_rho_bar: Truncation of the importance weight ``π_T/μ`` for ``tv_reference="decoupled"``
     :param ratio_bound: Per-sample bound ε on ``|q − 1|``, ``q`` the ratio to the filter's reference: inside the TV
         budget too, a sample already outside ``[1 − ε, 1 + ε]`` whose gradient would push it further is dropped (PPO's
         clip around the reference, on top of the budget, which bounds only the minibatch's average). The default 0.2
         kept InvertedPendulum-v5 at lag 4 and lifted HalfCheetah-v5 at lag 4 (``docs/study.md``, seventh screen).
         None: no per-sample bound (the paper's filter)
-    :param behavior_ratio_bound: Per-sample bound ε_μ on ``|π_θ/μ − 1|``, the ratio to the behavior policy: a sample
-        outside ``[1 − ε_μ, 1 + ε_μ]`` whose gradient would push it further is dropped too (PPO's clip around the
-        stale policy, on top of the filter around ``π_T``), so the learner cannot run away from its data however
-        many updates it lags. None: no bound
     :param policy_loss: ``"tv_filter"`` (VACO), or the baselines' surrogates on the ratio to the behavior
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
     :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
@@ -93,9 +88,6 @@ class VACO(LaggedOnPolicyAlgorithm):
         move of ``δ/(1 + k̄)`` the learner after the update is about ``δ`` in TV from the behavior data, as without
         lag: the trust region shrinks for stale samples as in GePPO (Queeney et al., 2021). ``p = 0.5`` assumes the
         moves of successive updates add up like a random walk's
-    :param tv_ess_scaling: Multiply the TV budget by the rollout's effective sample size fraction
-        ``ESS/N = (Σρ)² / (N·Σρ²)`` of the importance weights ``ρ = π_T/μ`` (Kish's ESS): 1 without lag, small when
-        the stale data hardly overlaps the learner, so the learner moves as far as the data can tell it to
     :param tv_behavior_limit: Shrink the TV budget with the measured lag ``TV(π_T, μ)`` of the rollout:
         ``δ · max(0, 1 − TV(π_T, μ)/τ)``, τ this limit (full budget without lag, none once the learner is τ from the
         data). None: no shrinking
@@ -152,13 +144,11 @@ class VACO(LaggedOnPolicyAlgorithm):
         tv_reference: str = "decoupled",
         pg_rho_bar: float = 1.0,
         ratio_bound: float | None = 0.2,
-        behavior_ratio_bound: float | None = None,
         policy_loss: str = "tv_filter",
         advantage_estimator: str = "vtrace",
         value_target: str = "gae",
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool | float = False,
-        tv_ess_scaling: bool = False,
         tv_behavior_limit: float | None = None,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
@@ -218,13 +208,11 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.tv_reference = tv_reference
         self.pg_rho_bar = pg_rho_bar
         self.ratio_bound = ratio_bound
-        self.behavior_ratio_bound = behavior_ratio_bound
         self.policy_loss = policy_loss
         self.advantage_estimator = advantage_estimator
         self.value_target = value_target
         self.realign_every_epoch = realign_every_epoch
         self.tv_lag_scaling = float(tv_lag_scaling)
-        self.tv_ess_scaling = tv_ess_scaling
         self.tv_behavior_limit = tv_behavior_limit
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
@@ -255,7 +243,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         positive("vtrace_rho_bar", self.vtrace_rho_bar)
         positive("vtrace_c_bar", self.vtrace_c_bar)
         positive("pg_rho_bar", self.pg_rho_bar)
-        for name in ("ratio_bound", "behavior_ratio_bound", "tv_behavior_limit"):
+        for name in ("ratio_bound", "tv_behavior_limit"):
             if getattr(self, name) is not None:
                 positive(name, getattr(self, name))
         require(self.tv_lag_scaling >= 0, f"`tv_lag_scaling` must be a bool or an exponent >= 0, got {self.tv_lag_scaling!r}")
@@ -383,22 +371,14 @@ class VACO(LaggedOnPolicyAlgorithm):
         """The policy loss selected by ``policy_loss`` and its diagnostics for the logger."""
         log_ratio = log_prob - rollout_data.old_log_prob  # log π_θ/μ
         if self.policy_loss == "tv_filter":
-            if self.tv_reference in ("behavior", "budget"):
+            if self.tv_reference == "behavior":
                 ratio, weights = safe_ratio(log_ratio), None
             else:
                 ratio = safe_ratio(log_prob - rollout_data.learner_log_prob)  # π_θ/π_T
                 weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_T/μ
                 if self.tv_reference == "decoupled":
                     weights = th.clamp(weights, max=self.pg_rho_bar)
-            filtered = tv_filtered_surrogate(
-                ratio,
-                advantages,
-                tv_threshold,
-                weights,
-                self.ratio_bound,
-                behavior_ratio=safe_ratio(log_ratio) if self.behavior_ratio_bound is not None else None,
-                behavior_ratio_bound=self.behavior_ratio_bound,
-            )
+            filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights, self.ratio_bound)
             stats = {
                 "tv_estimate": filtered.tv_estimate.item(),
                 "filtered_fraction": 1.0 - filtered.mask.mean().item(),
@@ -415,19 +395,12 @@ class VACO(LaggedOnPolicyAlgorithm):
             return spo_surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
         return clipped_surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
 
-    def _tv_budget(self, tv_threshold: float, tv_behavior: float, ess_fraction: float) -> float:
-        """
-        This update's TV budget: δ, scaled for the lag (``tv_lag_scaling``, ``tv_ess_scaling``,
-        ``tv_behavior_limit``), plus the lag already spent for ``tv_reference="budget"``.
-        """
+    def _tv_budget(self, tv_threshold: float, tv_behavior: float) -> float:
+        """This update's TV budget: δ, shrunk for the lag when ``tv_lag_scaling`` or ``tv_behavior_limit`` is set."""
         if self.tv_lag_scaling:
             tv_threshold /= (1.0 + self._rollout_policy_lag) ** self.tv_lag_scaling
-        if self.tv_ess_scaling:
-            tv_threshold *= ess_fraction
         if self.tv_behavior_limit is not None:
             tv_threshold *= max(0.0, 1.0 - tv_behavior / self.tv_behavior_limit)
-        if self.policy_loss == "tv_filter" and self.tv_reference == "budget":
-            tv_threshold += tv_behavior
         return tv_threshold
 
     def train(self) -> None:
@@ -442,7 +415,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         clip_range_vf = None if self.clip_range_vf is None else self.clip_range_vf(self._current_progress_remaining)  # type: ignore[operator]
 
         tv_behavior, ess_fraction = self._realign()
-        tv_threshold = self._tv_budget(tv_threshold, tv_behavior, ess_fraction)
+        tv_threshold = self._tv_budget(tv_threshold, tv_behavior)
 
         # Per-minibatch diagnostics, logged as means over the update under train/<key>
         diagnostics: dict[str, list[float]] = {}

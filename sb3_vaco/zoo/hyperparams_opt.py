@@ -13,7 +13,7 @@ from rl_zoo3.hyperparams_opt import convert_onpolicy_params, sample_ppo_params
 TV_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5)
 VTRACE_RHO_BARS = (0.5, 1.0, 2.0)
 VTRACE_C_BARS = (0.5, 1.0)
-TV_REFERENCE_CHOICES = ("behavior", "learner", "decoupled", "budget")
+TV_REFERENCE_CHOICES = ("behavior", "learner", "decoupled")
 
 
 def convert_vaco_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
