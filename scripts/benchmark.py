@@ -138,10 +138,13 @@ PRESETS: dict[str, Preset] = {
         eval_freq=20_000,
     ),
     "sweep": Preset(
-        "TV budget δ × V-trace ρ̄ sweep of VACO; LaggedPPO is the main grid's (analyze.py results/sweep results/main)",
+        "TV budget δ × truncation ρ̄ sweep of VACO (ρ̄ of V-trace and of the decoupled filter's weight min(ρ̄, π_T/μ)); "
+        "LaggedPPO is the main grid's (analyze.py results/sweep results/main)",
         envs=("HalfCheetah-v5",),
         variants=tuple(
-            f"vaco:tv_threshold={delta},vtrace_rho_bar={rho}" for delta in SWEEP_TV_THRESHOLDS for rho in SWEEP_RHO_BARS
+            f"vaco:tv_threshold={delta},vtrace_rho_bar={rho},pg_rho_bar={rho}"
+            for delta in SWEEP_TV_THRESHOLDS
+            for rho in SWEEP_RHO_BARS
         ),
         lags=("0", "4"),
         seeds=tuple(range(5)),
