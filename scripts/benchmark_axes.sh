@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The lag benchmark's remaining axes (issue 4), each beside the main grid's cells of the same protocol (300k steps,
 # eval every 20k, zoo settings), seeds 0-2:
-#   ablations    PPO-KL and SPO at lag 0 on HalfCheetah-v5 (their lag-4 cells ran before): is PPO-KL's lag-4 lead
-#                over VACO robustness to lag or a faster learner? (align only / filter only at lag 0 are LaggedPPO /
-#                VACO up to float rounding: V-trace = GAE when π_T = μ)
+#   ablations    the four ablations at lag 0 on HalfCheetah-v5 (their lag-4 cells ran before): is PPO-KL's lag-4
+#                lead over VACO robustness to lag or a faster learner? Align only / filter only are not LaggedPPO /
+#                VACO at lag 0: V-trace's advantage (IMPALA's form) is GAE's only for λ = 1 (0.92 here)
 #   lag_range    per-env staleness drawn in 0..8 per rollout (a batch mixes policy versions), HalfCheetah-v5 and
 #                InvertedPendulum-v5
 #   sweep        ρ̄ of the policy-gradient weight and of V-trace (pg_rho_bar = vtrace_rho_bar = 0.5, 2; the default
@@ -24,6 +24,7 @@ RHO=("vaco_rho05=vaco:pg_rho_bar=0.5,vtrace_rho_bar=0.5" "vaco_rho2=vaco:pg_rho_
 UPDATES=("epochs2x:n_epochs=x2" "batch_half:batch_size=x0.5")
 chain_a() {
   bench --preset ablations --lags 0 --variants ppo_kl
+  bench --preset ablations --lags 0 --variants vaco_filter_only vaco_align_only
   bench --preset sweep --lags 4 --variants "${RHO[@]}"
   bench --preset update_freq --lags 0 --updates "${UPDATES[@]}" --variants vaco
 }

@@ -43,6 +43,22 @@ def test_lagged_ppo_without_lag_is_sb3_ppo(env_id, kwargs):
     assert_same_params(*models)
 
 
+def test_clip_with_gae_advantages_without_lag_is_sb3_ppo():
+    """
+    ``policy_loss="clip", advantage_estimator="gae"`` at lag 0 is PPO: VACO's train-time bootstrap of the time-limit
+    truncations (Pendulum-v1 truncates at 200 steps) equals SB3's collection-time one. The two return computations
+    round differently, so the parameters agree to 1e-6 (measured: 3e-8), not bitwise; with lag they differ by 1e-2.
+    """
+    kwargs = dict(seed=3, learning_rate=1e-3, clip_range=0.2, **TINY)
+    ppo = PPO("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=3), **kwargs).learn(512)
+    for policy_lag, close in ((0, True), (2, False)):
+        env = make_vec_env("Pendulum-v1", n_envs=2, seed=3)
+        vaco = VACO("MlpPolicy", env, policy_loss="clip", advantage_estimator="gae", policy_lag=policy_lag, **kwargs)
+        vaco.learn(512)
+        pairs = zip(params_of(ppo), params_of(vaco), strict=True)
+        assert all(th.allclose(a, b, rtol=0.0, atol=1e-6) for a, b in pairs) == close
+
+
 def test_lagged_ppo_with_lag_differs_from_ppo():
     models = [algo("MlpPolicy", "CartPole-v1", seed=3, **TINY).learn(256) for algo in (PPO, LaggedPPO)]
     lagged = LaggedPPO("MlpPolicy", "CartPole-v1", seed=3, policy_lag=2, **TINY).learn(256)
@@ -333,3 +349,24 @@ def test_value_target_makes_no_difference_without_lag():
         return model.rollout_buffer.returns.copy()
 
     np.testing.assert_allclose(realigned_targets("vtrace"), realigned_targets("gae"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy_lag", [0, 3])
+def test_vtrace_gae_advantages_are_gae_without_lag(policy_lag):
+    """
+    ``advantage_estimator="vtrace_gae"``: GAE's advantages at lag 0 (where IMPALA's form, the default, is not: λ < 1
+    here), importance-corrected ones under lag (then they differ from GAE's).
+    """
+    # Without lag, learning_rate=0 keeps the learner the policy that collected the last rollout.
+    learning_rate = 0.0 if policy_lag == 0 else 1e-2
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, learning_rate=learning_rate, policy_lag=policy_lag, **TINY)
+    model.learn(TINY["n_steps"] * 5)
+
+    def realigned_advantages(estimator: str) -> np.ndarray:
+        model.advantage_estimator = estimator
+        model._realign()
+        return model.rollout_buffer.advantages.copy()
+
+    gae, vtrace_gae, impala = (realigned_advantages(name) for name in ("gae", "vtrace_gae", "vtrace"))
+    assert np.allclose(vtrace_gae, gae, rtol=1e-5, atol=1e-5) == (policy_lag == 0)
+    assert not np.allclose(impala, gae, rtol=1e-5, atol=1e-5)
