@@ -10,6 +10,8 @@
 # scripts/benchmark_axes.sh. Main grid protocol (300k steps, eval every 20k, zoo settings), seeds 0-2.
 # Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/advantage results/ablations results/main --envs HalfCheetah-v5 --out results/advantage/analysis
+# Result: no gain at lag 0 or 4 (docs/study.md, tenth screen); `vtrace_gae` was removed from VACO afterwards:
+# rerun this screen at commit d86f7e1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1

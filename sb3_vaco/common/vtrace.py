@@ -9,15 +9,12 @@ import torch as th
 class VTraceReturns(NamedTuple):
     """
     :param value_targets: ``v_t``, the V-trace targets for the critic, shape ``[T, N]``
-    :param advantages: ``r_t + γ·v_{t+1} − V(s_t)``, the advantages of the learner policy (IMPALA's), shape ``[T, N]``
-    :param gae_advantages: ``r_t + γ·((1 − λ)·V(s_{t+1}) + λ·v_{t+1}) − V(s_t)``, the same corrections in GAE's form,
-        shape ``[T, N]``
+    :param advantages: ``r_t + γ·v_{t+1} − V(s_t)``, the advantages of the learner policy, shape ``[T, N]``
     :param clipped_rhos: ``ρ_t = min(ρ̄, π/μ)``, shape ``[T, N]``
     """
 
     value_targets: th.Tensor
     advantages: th.Tensor
-    gae_advantages: th.Tensor
     clipped_rhos: th.Tensor
 
 
@@ -40,15 +37,12 @@ def vtrace(
         δ_t = ρ_t·(r_t + γ·V(s_{t+1}) − V(s_t))
         v_t − V(s_t) = δ_t + γ·c_t·(1 − done_t)·(v_{t+1} − V(s_{t+1}))
         A_t = r_t + γ·v'_{t+1} − V(s_t)
-        A^GAE_t = r_t + γ·((1 − λ)·V(s_{t+1}) + λ·v'_{t+1}) − V(s_t) = A_t − γ·(1 − λ)·(v'_{t+1} − V(s_{t+1}))
 
     where ``v'_{t+1}`` is ``v_{t+1}`` inside an episode and the bootstrap value ``next_values[t]``
     across an episode boundary or at the end of the rollout.
 
     With ``log_rhos = 0`` and ``rho_bar, c_bar ≥ 1`` the targets are the TD(λ) returns, i.e. exactly what
-    SB3's ``RolloutBuffer.compute_returns_and_advantage`` stores in ``returns`` (GAE + values), and ``A^GAE`` is its
-    ``advantages``; IMPALA's ``A_t`` weights the later TD errors by ``γ·(γλ)^(k−1)`` instead of ``(γλ)^k`` and equals
-    GAE only for λ = 1.
+    SB3's ``RolloutBuffer.compute_returns_and_advantage`` stores in ``returns`` (GAE + values).
 
     :param log_rhos: ``log π(a_t|s_t) − log μ(a_t|s_t)``, learner vs behavior log-probs
     :param rewards: ``r_t``, without any bootstrap added in
@@ -60,7 +54,7 @@ def vtrace(
     :param gae_lambda: trace decay λ
     :param rho_bar: truncation ρ̄ of the importance weight in the TD error
     :param c_bar: truncation c̄ of the trace coefficient
-    :return: V-trace value targets, policy advantages (IMPALA's and GAE's form) and the truncated importance weights
+    :return: V-trace value targets, policy advantages and the truncated importance weights
     """
     rhos = th.exp(log_rhos)
     clipped_rhos = th.clamp(rhos, max=rho_bar)
@@ -83,5 +77,4 @@ def vtrace(
     next_targets = next_values.clone()
     next_targets[:-1] = th.where(not_dones[:-1].bool(), value_targets[1:], next_values[:-1])
     advantages = rewards + gamma * next_targets - values
-    gae_advantages = advantages - gamma * (1.0 - gae_lambda) * (next_targets - next_values)
-    return VTraceReturns(value_targets, advantages, gae_advantages, clipped_rhos)
+    return VTraceReturns(value_targets, advantages, clipped_rhos)

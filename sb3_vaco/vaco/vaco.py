@@ -25,8 +25,7 @@ SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
 TV_REFERENCES = ("behavior", "learner", "decoupled")
 POLICY_LOSSES = ("tv_filter", "clip", "spo", "kl")
-ADVANTAGE_ESTIMATORS = ("vtrace", "vtrace_gae", "gae")
-VALUE_TARGETS = ("vtrace", "gae")
+ADVANTAGE_ESTIMATORS = ("vtrace", "gae")
 
 
 class VACO(LaggedOnPolicyAlgorithm):
@@ -76,10 +75,8 @@ class VACO(LaggedOnPolicyAlgorithm):
         None: no per-sample bound (the paper's filter)
     :param policy_loss: ``"tv_filter"`` (VACO), or the baselines' surrogates on the ratio to the behavior
         policy: ``"clip"`` (PPO), ``"spo"`` (Simple Policy Optimization), ``"kl"`` (PPO with a KL penalty)
-    :param advantage_estimator: ``"vtrace"`` (VACO's realignment, IMPALA's advantage ``r_t + γ·v_{t+1} − V(s_t)``),
-        ``"vtrace_gae"`` (the same V-trace corrections in GAE's form, ``r_t + γ·((1 − λ)·V(s_{t+1}) + λ·v_{t+1}) −
-        V(s_t)``: GAE exactly without lag, where IMPALA's form weights later TD errors by 1/λ more) or ``"gae"``
-        (GAE with the learner's critic and no importance correction: the "filter only" ablation)
+    :param advantage_estimator: ``"vtrace"`` (VACO's realignment) or ``"gae"`` (GAE with the learner's critic
+        and no importance correction: the "filter only" ablation)
     :param value_target: Estimator of the critic's targets: ``"gae"`` (default: the TD(λ) returns of the
         learner's critic, no importance correction) or ``"vtrace"`` (the paper's V-trace targets). The policy's
         advantages follow ``advantage_estimator`` either way. With π_T = μ (no lag) both give the same targets. Under
@@ -259,7 +256,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             ("tv_reference", self.tv_reference, TV_REFERENCES),
             ("policy_loss", self.policy_loss, POLICY_LOSSES),
             ("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
-            ("value_target", self.value_target, VALUE_TARGETS),
+            ("value_target", self.value_target, ADVANTAGE_ESTIMATORS),
         ):
             require(value in valid, f"`{name}` must be one of {', '.join(map(repr, valid))}; got {value!r}")
         min_batch_size = 2 if self.normalize_advantage else 1
@@ -346,17 +343,12 @@ class VACO(LaggedOnPolicyAlgorithm):
                     c_bar=self.vtrace_c_bar if importance_corrected else 1.0,
                 )
 
-            correct_advantages = self.advantage_estimator != "gae"
+            correct_advantages = self.advantage_estimator == "vtrace"
             correct_targets = self.value_target == "vtrace"
             policy_returns = returns(correct_advantages)
             critic_returns = policy_returns if correct_targets == correct_advantages else returns(correct_targets)
             targets = critic_returns.value_targets
-            if self.advantage_estimator == "vtrace":
-                advantages = policy_returns.advantages
-            elif self.advantage_estimator == "vtrace_gae":
-                advantages = policy_returns.gae_advantages
-            else:  # GAE: the learner critic's TD(λ) returns minus its values
-                advantages = policy_returns.value_targets - values_t
+            advantages = policy_returns.advantages if correct_advantages else policy_returns.value_targets - values_t
             rhos = safe_ratio(log_rhos)
             tv_behavior = 0.5 * th.mean(th.abs(rhos - 1.0)).item()
             ess_fraction = (th.sum(rhos) ** 2 / (rhos.numel() * th.sum(rhos**2))).item()
