@@ -9,11 +9,12 @@ from typing import Any
 import optuna
 from rl_zoo3.hyperparams_opt import convert_onpolicy_params, sample_ppo_params
 
+from sb3_vaco.vaco.vaco import TV_REFERENCES
+
 # VACO's own knobs, sampled on top of the PPO space (categorical, like the zoo's clip_range)
 TV_THRESHOLDS = (0.05, 0.1, 0.2, 0.3, 0.5)
 VTRACE_RHO_BARS = (0.5, 1.0, 2.0)
 VTRACE_C_BARS = (0.5, 1.0)
-TV_REFERENCE_CHOICES = ("behavior", "learner", "decoupled")
 
 
 def convert_vaco_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def sample_vaco_params(trial: optuna.Trial, n_actions: int, n_envs: int, additio
     tv_threshold = trial.suggest_categorical("tv_threshold", list(TV_THRESHOLDS))
     vtrace_rho_bar = trial.suggest_categorical("vtrace_rho_bar", list(VTRACE_RHO_BARS))
     vtrace_c_bar = trial.suggest_categorical("vtrace_c_bar", list(VTRACE_C_BARS))
-    tv_reference = trial.suggest_categorical("tv_reference", list(TV_REFERENCE_CHOICES))
+    tv_reference = trial.suggest_categorical("tv_reference", list(TV_REFERENCES))
 
     # Display true values
     trial.set_user_attr("gamma", 1 - one_minus_gamma)
