@@ -25,12 +25,13 @@ UPDATES=("epochs2x:n_epochs=x2" "batch_half:batch_size=x0.5")
 chain_a() {
   bench --preset ablations --lags 0 --variants ppo_kl
   bench --preset ablations --lags 0 --variants vaco_filter_only vaco_align_only
-  bench --preset sweep --lags 4 --variants "${RHO[@]}"
+  bench --preset sweep --lags 4 --variants "${RHO[0]}"
   bench --preset update_freq --lags 0 --updates "${UPDATES[@]}" --variants vaco
 }
 chain_b() {
   bench --preset lag_range --envs HalfCheetah-v5 InvertedPendulum-v5
   bench --preset ablations --lags 0 --variants spo
+  bench --preset sweep --lags 4 --variants "${RHO[1]}"
   bench --preset update_freq --lags 0 --updates "${UPDATES[@]}" --variants lagged_ppo
 }
 chain_a > "${LOG_A:-/dev/stdout}" 2>&1 &
