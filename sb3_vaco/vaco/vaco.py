@@ -26,6 +26,7 @@ SelfVACO = TypeVar("SelfVACO", bound="VACO")
 TV_REFERENCES = ("behavior", "learner", "decoupled")
 POLICY_LOSSES = ("tv_filter", "clip", "spo", "kl")
 ADVANTAGE_ESTIMATORS = ("vtrace", "gae")
+VALUE_TARGETS = ("vtrace", "gae")
 
 
 class VACO(LaggedOnPolicyAlgorithm):
@@ -256,7 +257,7 @@ class VACO(LaggedOnPolicyAlgorithm):
             ("tv_reference", self.tv_reference, TV_REFERENCES),
             ("policy_loss", self.policy_loss, POLICY_LOSSES),
             ("advantage_estimator", self.advantage_estimator, ADVANTAGE_ESTIMATORS),
-            ("value_target", self.value_target, ADVANTAGE_ESTIMATORS),
+            ("value_target", self.value_target, VALUE_TARGETS),
         ):
             require(value in valid, f"`{name}` must be one of {', '.join(map(repr, valid))}; got {value!r}")
         min_batch_size = 2 if self.normalize_advantage else 1
