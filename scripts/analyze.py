@@ -179,6 +179,19 @@ def ordered_lags(runs: pd.DataFrame) -> list[str]:
     return sorted(runs["lag"].unique(), key=lag_sort_key)
 
 
+def lag_tick_labels(runs: pd.DataFrame, lags: Sequence[str]) -> list[str]:
+    """Tick labels for one env's lags: the lag in updates and, below it, in gradient steps (the issue reports both).
+
+    Gradient steps per update are measured, as the ratio of the logged lag in gradient steps to the lag in updates
+    (both are means over a run's iterations); a random range ``"0-8"`` keeps its label only.
+    """
+    lagged = runs[runs["measured lag"].fillna(0) > 0] if "measured lag" in runs else runs.iloc[:0]
+    if lagged.empty or "lag in grad steps" not in lagged:
+        return list(lags)
+    steps_per_update = float((lagged["lag in grad steps"] / lagged["measured lag"]).median())
+    return [f"{lag}\n({round(int(lag) * steps_per_update):,})" if str(lag).isdigit() else str(lag) for lag in lags]
+
+
 def ordered_algorithms(runs: pd.DataFrame, reference: str) -> list[str]:
     """The reference first, then the others in order of first appearance."""
     names = list(dict.fromkeys(runs["algorithm"]))
@@ -345,8 +358,12 @@ def plot_score_vs_lag(
                 low = np.array([i.value - i.low if i.low is not None else 0.0 for _, i in points])
                 high = np.array([i.high - i.value if i.high is not None else 0.0 for _, i in points])
                 ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, color=colors[algorithm], label=algorithm)
-            ax.set_xticks(range(len(lags)), lags)
-            ax.set_xlabel("policy lag (updates)")
+            if env is None:
+                ax.set_xticks(range(len(lags)), lags)
+                ax.set_xlabel("policy lag (updates)")
+            else:
+                ax.set_xticks(range(len(lags)), lag_tick_labels(runs[runs["env"] == env], lags))
+                ax.set_xlabel("policy lag: updates (gradient steps)")
             ax.set_title(f"{env or 'aggregate IQM (normalized)'}: {score}")
             ax.grid(alpha=0.3)
         axes[row, 0].set_ylabel(f"return ({SCORES[score]})")

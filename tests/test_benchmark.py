@@ -159,6 +159,14 @@ def test_stratified_bootstrap() -> None:
     assert better.value == better.low == better.high == 1.0
 
 
+def test_lag_tick_labels_add_gradient_steps() -> None:
+    # Measured means over iterations: 3.5 updates = 280 gradient steps, so 80 gradient steps per update.
+    runs = pd.DataFrame({"lag": ["0", "4", "0-8"], "measured lag": [0.0, 3.5, 3.9], "lag in grad steps": [0.0, 280.0, 312.0]})
+    assert analyze.lag_tick_labels(runs, ["0", "4", "16", "0-8"]) == ["0\n(0)", "4\n(320)", "16\n(1,280)", "0-8"]
+    # Without lagged runs there is nothing to measure the steps per update from.
+    assert analyze.lag_tick_labels(runs.iloc[:1], ["0"]) == ["0"]
+
+
 def test_grid_results(grid_dir: Path) -> None:
     run_dirs = sorted(path.parent for path in grid_dir.rglob("result.json"))
     assert [path.relative_to(grid_dir).as_posix() for path in run_dirs] == [
