@@ -323,7 +323,7 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _colors(algorithms: Sequence[str]) -> dict[str, Any]:
+def palette_colors(algorithms: Sequence[str]) -> dict[str, Any]:
     palette = plt.get_cmap("tab10")
     return {algorithm: palette(index % 10) for index, algorithm in enumerate(algorithms)}
 
@@ -332,7 +332,7 @@ def plot_score_vs_lag(
     runs: pd.DataFrame, aggregate: pd.DataFrame, algorithms: Sequence[str], path: Path, reps: int, rng: np.random.Generator
 ) -> None:
     """Mean score (95% CI of the mean) against the lag per env, and the aggregate normalized IQM; final and AUC rows."""
-    envs, lags, colors = sorted(runs["env"].unique()), ordered_lags(runs), _colors(algorithms)
+    envs, lags, colors = sorted(runs["env"].unique()), ordered_lags(runs), palette_colors(algorithms)
     fig, axes = plt.subplots(2, len(envs) + 1, figsize=(4 * (len(envs) + 1), 6.5), squeeze=False)
     offsets = np.linspace(-0.15, 0.15, len(algorithms)) if len(algorithms) > 1 else [0.0]
     for row, score in enumerate(SCORES):
@@ -377,7 +377,7 @@ def plot_learning_curves(
     runs: pd.DataFrame, curves: dict[tuple[str, str, str, int], pd.DataFrame], algorithms: Sequence[str], path: Path
 ) -> None:
     """Eval return against env steps per env (rows) and lag (columns): mean over seeds, ± sd shaded."""
-    envs, lags, colors = sorted(runs["env"].unique()), ordered_lags(runs), _colors(algorithms)
+    envs, lags, colors = sorted(runs["env"].unique()), ordered_lags(runs), palette_colors(algorithms)
     fig, axes = plt.subplots(len(envs), len(lags), figsize=(3.8 * len(lags), 3 * len(envs)), squeeze=False)
     for (row, env), (column, lag) in ((r, c) for r in enumerate(envs) for c in enumerate(lags)):
         ax = axes[row, column]
@@ -406,7 +406,7 @@ def plot_learning_curves(
 
 def plot_aggregate_intervals(aggregate: pd.DataFrame, algorithms: Sequence[str], path: Path) -> None:
     """rliable-style interval plot: each metric's point estimate and 95% CI per algorithm and lag; final and AUC rows."""
-    colors = _colors(algorithms)
+    colors = palette_colors(algorithms)
     entries = aggregate[aggregate["score"] == "final"][["algorithm", "lag"]].to_numpy().tolist()
     fig, axes = plt.subplots(2, len(AGGREGATE_METRICS), figsize=(3.6 * len(AGGREGATE_METRICS), 1.0 + 0.35 * len(entries) * 2))
     for row, score in enumerate(SCORES):

@@ -270,3 +270,21 @@ def test_normalization() -> None:
     # Nothing beats random: scores are only shifted by the random score.
     constants = analyze.normalize(pd.DataFrame([run("vaco", "0", 5.0, 12.0)]), "lagged_ppo", "0").loc["E"]
     assert constants["reference"] - constants["random"] == 1.0
+
+
+def test_study_plots_from_committed_results(tmp_path: Path) -> None:
+    import study_plots
+
+    assert study_plots.main(["--out", str(tmp_path), "--reps", "50"]) == 0
+    assert (tmp_path / "score_vs_lag_variants.png").stat().st_size > 0 and (tmp_path / "delta_sensitivity.png").exists()
+    points = pd.read_csv(tmp_path / "study_points.csv", dtype={"lag": str})
+    by_lag = points[points["plot"] == "score_vs_lag_variants"].set_index(["env", "variant", "lag"])
+    # The main grid's defaults at lag 4 on HalfCheetah-v5: 5 seeds, mean final 4451 (README), inside its CI.
+    defaults = by_lag.loc[("HalfCheetah-v5", "vaco", "4")]
+    assert defaults["n"] == 5 and round(defaults["mean"]) == 4451 and defaults["low"] < defaults["mean"] < defaults["high"]
+    # A variant measured at one lag only has no line to draw; LaggedPPO is always drawn.
+    assert ("HalfCheetah-v5", "vaco_kl", "4") not in by_lag.index and ("Hopper-v5", "lagged_ppo", "0") in by_lag.index
+    # The δ plot keeps the 100k-step screen apart from the 300k-step runs of the same name.
+    delta = points[points["plot"] == "delta_sensitivity"]
+    screen_ppo = delta[(delta["panel"] == "Hopper-v5 (100k-step screen)") & (delta["variant"] == "lagged_ppo")]
+    assert screen_ppo["n"].tolist() == [3] and round(screen_ppo["mean"].iloc[0]) == 995
