@@ -8,6 +8,7 @@ Works on a partly finished grid (every number states its n) and on a single seed
     python scripts/analyze.py results/demo
     python scripts/analyze.py results/main --out docs/results/main --reps 5000
     python scripts/analyze.py results/delta results/main --envs HalfCheetah-v5  # pool grids, one env
+    python scripts/analyze.py results/kl results/main --lags 4                  # only some lag settings
 
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the
@@ -69,20 +70,21 @@ class Interval:
 
 
 def load_runs(
-    results_dirs: Sequence[Path], envs: Sequence[str] | None = None
+    results_dirs: Sequence[Path], envs: Sequence[str] | None = None, lags: Sequence[str] | None = None
 ) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], pd.DataFrame]]:
     """
     One row per finished run (scores, timing, provenance, diagnostics averaged over the run) and each run's eval curve.
 
     :param results_dirs: grids to pool (a run may appear in only one of them)
     :param envs: keep only these envs; None: all
+    :param lags: keep only these lag settings (labels as in the results: ``"4"``, ``"0-8"``); None: all
     :return: the runs table and the eval curves keyed by ``(env, algorithm, lag, seed)``
     """
     rows, curves = [], {}
     paths = [path for results_dir in results_dirs for path in sorted(results_dir.rglob(RESULT_FILE))]
     for path in paths:
         record = json.loads(path.read_text())
-        if envs is not None and record["env"] not in envs:
+        if (envs is not None and record["env"] not in envs) or (lags is not None and record["lag"] not in lags):
             continue
         row: dict[str, Any] = {
             key: record[key]
@@ -565,11 +567,13 @@ def analyze(
     reps: int,
     seed: int,
     envs: Sequence[str] | None = None,
+    lags: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Load, normalize, aggregate, plot and write the report; return the runs table."""
-    runs, curves = load_runs(results_dirs, envs)
+    runs, curves = load_runs(results_dirs, envs, lags)
     if runs.empty:
-        raise SystemExit(f"No {RESULT_FILE} under {', '.join(map(str, results_dirs))}" + (f" for {envs}" if envs else ""))
+        selection = "".join(f" for {name} {values}" for name, values in (("envs", envs), ("lags", lags)) if values)
+        raise SystemExit(f"No {RESULT_FILE} under {', '.join(map(str, results_dirs))}{selection}")
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     constants = normalize(runs, reference, reference_lag)
@@ -607,13 +611,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="output folder (default: <first results dir>/analysis)")
     parser.add_argument("--envs", nargs="+", help="analyze only these envs (default: all)")
+    parser.add_argument("--lags", nargs="+", help="analyze only these lag settings, e.g. 0 4 0-8 (default: all)")
     parser.add_argument("--reference", default="lagged_ppo", help="algorithm the others are compared with and normalized by")
     parser.add_argument("--reference-lag", default="0", help="lag setting of the normalization reference")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples per CI")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     args = parser.parse_args(argv)
     out_dir = args.out or args.results_dirs[0] / "analysis"
-    runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs)
+    runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs, args.lags)
     print(f"Analyzed {len(runs)} runs: {out_dir / 'results.md'}")
     return 0
 

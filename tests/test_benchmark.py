@@ -251,6 +251,8 @@ def test_analysis_pools_grids_and_filters_envs(grid_dir: Path, tmp_path: Path) -
     runs, curves = analyze.load_runs([first, second])
     assert sorted(runs["algorithm"]) == ["lagged_ppo", "vaco"] and len(curves) == 2
     assert analyze.load_runs([first, second], envs=["Hopper-v5"])[0].empty
+    assert analyze.load_runs([first, second], lags=["0-2"])[0]["lag"].tolist() == ["0-2", "0-2"]
+    assert analyze.load_runs([first, second], lags=["4"])[0].empty
     with pytest.raises(SystemExit, match="appears twice"):
         analyze.load_runs([grid_dir, first])
 
