@@ -187,10 +187,10 @@ def lag_tick_labels(runs: pd.DataFrame, lags: Sequence[str]) -> list[str]:
     Gradient steps per update are measured, as the ratio of the logged lag in gradient steps to the lag in updates
     (both are means over a run's iterations); a random range ``"0-8"`` keeps its label only.
     """
-    lagged = runs[runs["measured lag"].fillna(0) > 0] if "measured lag" in runs else runs.iloc[:0]
-    if lagged.empty or "lag in grad steps" not in lagged:
+    lagged = runs["measured lag"] > 0
+    steps_per_update = float((runs["lag in grad steps"][lagged] / runs["measured lag"][lagged]).median())
+    if not np.isfinite(steps_per_update):
         return list(lags)
-    steps_per_update = float((lagged["lag in grad steps"] / lagged["measured lag"]).median())
     return [f"{lag}\n({round(int(lag) * steps_per_update):,})" if str(lag).isdigit() else str(lag) for lag in lags]
 
 

@@ -120,8 +120,8 @@ def plot_score_vs_lag(points: pd.DataFrame, path: Path) -> None:
             line = points[(points["env"] == env) & (points["variant"] == variant)]
             if line.empty:
                 continue
-            line = line.iloc[np.argsort([position[lag] for lag in line["lag"]])]
-            x = [position[lag] for lag in line["lag"]]
+            line = line.sort_values("lag", key=lambda lag: lag.map(position))
+            x = line["lag"].map(position).to_numpy()
             is_ppo = variant == "lagged_ppo"
             mean, low, high = (line[column].to_numpy() for column in ("mean", "low", "high"))
             ax.errorbar(
@@ -140,33 +140,38 @@ def plot_score_vs_lag(points: pd.DataFrame, path: Path) -> None:
         ax.set_title(env)
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel(f"final eval return (mean, {CI_LEVEL:.0%} CI)")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    for ax in axes[0, 1:]:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize="small", frameon=False)
+    # One legend for all panels: each variant once, in the order of first appearance.
+    legend = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize="small", frameon=False)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def delta_points(runs: pd.DataFrame, reps: int, rng: np.random.Generator) -> pd.DataFrame:
-    rows = []
-    for series in DELTA_SERIES:
-        env, steps = DELTA_PANELS[series.panel]
-        panel_runs = runs[(runs["env"] == env) & (runs["n_timesteps"] == steps) & (runs["lag"] == series.lag)]
-        for delta, variant in series.variants.items():
-            cell = panel_runs[panel_runs["algorithm"] == variant]
-            if len(cell):
-                keys = {"panel": series.panel, "series": series.label, "lag": series.lag, "delta": delta, "variant": variant}
-                rows.append(point(cell, reps, rng, **keys))
-        ppo = panel_runs[panel_runs["algorithm"] == "lagged_ppo"]
-        if len(ppo):
-            keys = {"panel": series.panel, "series": "LaggedPPO", "lag": series.lag, "delta": np.nan, "variant": "lagged_ppo"}
-            rows.append(point(ppo, reps, rng, **keys))
-    return pd.DataFrame(rows).drop_duplicates(subset=["panel", "series", "lag", "delta"])
+    """Every series' cells, then LaggedPPO once per panel and lag."""
+
+    def cell_runs(panel: str, lag: str, variant: str) -> pd.DataFrame:
+        env, steps = DELTA_PANELS[panel]
+        match = (runs["env"] == env) & (runs["n_timesteps"] == steps) & (runs["lag"] == lag) & (runs["algorithm"] == variant)
+        return runs[match]
+
+    cells = [
+        (
+            {"panel": s.panel, "series": s.label, "lag": s.lag, "delta": delta, "variant": variant},
+            cell_runs(s.panel, s.lag, variant),
+        )
+        for s in DELTA_SERIES
+        for delta, variant in s.variants.items()
+    ]
+    cells += [
+        (
+            {"panel": panel, "series": "LaggedPPO", "lag": lag, "delta": np.nan, "variant": "lagged_ppo"},
+            cell_runs(panel, lag, "lagged_ppo"),
+        )
+        for panel, lag in dict.fromkeys((s.panel, s.lag) for s in DELTA_SERIES)
+    ]
+    return pd.DataFrame([point(cell, reps, rng, **keys) for keys, cell in cells if len(cell)])
 
 
 def plot_delta(points: pd.DataFrame, path: Path) -> None:
