@@ -4,23 +4,27 @@
 # Hopper-v5 settings, × 160 with HalfCheetah-v5's); plus the eleventh screen's Hopper-v5 PPO-KL seed 2 and the
 # ablations' lag-4 seeds 3-4. Main grid protocol (300k steps, eval every 20k, zoo settings); the lag-axis
 # runs go into results/main beside the main grid's.
-# Two chains of one worker each (two processes in all; their runs are disjoint): HalfCheetah-v5 on one, Hopper-v5
-# (shorter runs) and the rest on the other. Seed-major inside each command, so a stopped script leaves every lag
-# with its first seeds. Resumable: rerun to continue. Analysis:
+# Two chains of one worker each (two processes in all; their runs are disjoint), balanced by run length: HalfCheetah-v5
+# lags 1-2 on one; Hopper-v5 (shorter runs), HalfCheetah-v5 lag 8 and the PPO-KL seed on the other; then each chain
+# takes one of the ablations' seeds. Seed-major inside each command, so a stopped script leaves every lag with its
+# first seeds. Resumable: rerun to continue. Analysis:
 #   python scripts/analyze.py results/main
-#   python scripts/analyze.py results/ablations results/main --envs HalfCheetah-v5 --out results/ablations/analysis
+#   python scripts/analyze.py results/ablations results/main --envs HalfCheetah-v5 --lags 0 4 --out results/ablations/analysis
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
 bench() { .venv/bin/python scripts/benchmark.py --n-timesteps 300000 --eval-freq 20000 --workers 1 "$@"; }
-main_cells() { bench --out results/main --variants vaco lagged_ppo --lags 1 2 8 --seeds 0-2 "$@"; }
+main_cells() { bench --out results/main --variants vaco lagged_ppo --seeds 0-2 "$@"; }
+ablations() { bench --out results/ablations --envs HalfCheetah-v5 --lags 4 --variants ppo_kl vaco_align_only vaco_filter_only spo "$@"; }
 chain_a() {
-  main_cells --envs HalfCheetah-v5
+  main_cells --envs HalfCheetah-v5 --lags 1 2
+  ablations --seeds 3
 }
 chain_b() {
   bench --out results/kl --envs Hopper-v5 --lags 4 --seeds 2 --variants ppo_kl
-  main_cells --envs Hopper-v5
-  bench --out results/ablations --envs HalfCheetah-v5 --lags 4 --seeds 3-4 --variants ppo_kl vaco_align_only vaco_filter_only spo
+  main_cells --envs Hopper-v5 --lags 1 2 8
+  main_cells --envs HalfCheetah-v5 --lags 8
+  ablations --seeds 4
 }
 chain_a > "${LOG_A:-/dev/stdout}" 2>&1 &
 chain_b > "${LOG_B:-/dev/stdout}" 2>&1 &
