@@ -12,7 +12,7 @@
 #                is the main grid's lag-0 cell)
 # Two chains of one worker each (two processes in all; their runs are disjoint), seed-major inside each command.
 # Resumable: rerun to continue. Analysis (commands in docs/benchmarks.md):
-#   python scripts/analyze.py results/ablations results/main --envs HalfCheetah-v5 --out results/ablations/analysis
+#   python scripts/analyze.py results/ablations results/main --envs HalfCheetah-v5 --lags 0 4 --out results/ablations/analysis
 #   python scripts/analyze.py results/lag_range results/main --envs HalfCheetah-v5 InvertedPendulum-v5 --out results/lag_range/analysis
 #   python scripts/analyze.py results/sweep results/main --envs HalfCheetah-v5 --out results/sweep/analysis
 #   python scripts/analyze.py results/update_freq results/main --envs Hopper-v5 --out results/update_freq/analysis

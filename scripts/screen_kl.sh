@@ -8,7 +8,7 @@
 #   ppo_kl    GAE advantages with the same penalty (the ablations' baseline)
 # Main grid protocol (300k steps, eval every 20k, zoo settings), seeds 0-2. Two chains of one worker each (two
 # processes in all), lag-4 cells first. Resumable: rerun to continue. Analysis:
-#   python scripts/analyze.py results/kl results/ablations results/main --envs HalfCheetah-v5 Hopper-v5 InvertedPendulum-v5 --out results/kl/analysis
+#   python scripts/analyze.py results/kl results/ablations results/main --envs HalfCheetah-v5 Hopper-v5 --lags 0 4 16 --out results/kl/analysis
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
