@@ -95,6 +95,10 @@ class VACO(LaggedOnPolicyAlgorithm):
     :param tv_behavior_limit: Shrink the TV budget with the measured lag ``TV(π_T, μ)`` of the rollout:
         ``δ · max(0, 1 − TV(π_T, μ)/τ)``, τ this limit (full budget without lag, none once the learner is τ from the
         data). None: no shrinking
+    :param data_tv_limit: A second budget τ, on the learner's total distance to its data: once the minibatch's
+        ``½·mean|π_θ/μ − 1|`` exceeds τ, the samples whose gradient would move ``π_θ`` further from the behavior
+        policy are dropped too (the paper's filter at budget τ, on top of the one around ``π_T``). None: no second
+        budget
     :param clip_range: ε of ``policy_loss="clip"`` and ``"spo"`` (float or schedule)
     :param clip_range_vf: Clipping of the value function around the learner's values at the start of the update
     :param kl_coef: β of ``policy_loss="kl"``
@@ -154,6 +158,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         realign_every_epoch: bool = False,
         tv_lag_scaling: bool | float = False,
         tv_behavior_limit: float | None = None,
+        data_tv_limit: float | None = None,
         clip_range: float | Schedule = 0.2,
         clip_range_vf: float | Schedule | None = None,
         kl_coef: float = 1.0,
@@ -218,6 +223,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         self.realign_every_epoch = realign_every_epoch
         self.tv_lag_scaling = float(tv_lag_scaling)
         self.tv_behavior_limit = tv_behavior_limit
+        self.data_tv_limit = data_tv_limit
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
         self.kl_coef = kl_coef
@@ -247,7 +253,7 @@ class VACO(LaggedOnPolicyAlgorithm):
         positive("vtrace_rho_bar", self.vtrace_rho_bar)
         positive("vtrace_c_bar", self.vtrace_c_bar)
         positive("pg_rho_bar", self.pg_rho_bar)
-        for name in ("ratio_bound", "tv_behavior_limit"):
+        for name in ("ratio_bound", "tv_behavior_limit", "data_tv_limit"):
             if getattr(self, name) is not None:
                 positive(name, getattr(self, name))
         require(self.tv_lag_scaling >= 0, f"`tv_lag_scaling` must be a bool or an exponent >= 0, got {self.tv_lag_scaling!r}")
@@ -382,14 +388,21 @@ class VACO(LaggedOnPolicyAlgorithm):
                 weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_T/μ
                 if self.tv_reference == "decoupled":
                     weights = th.clamp(weights, max=self.pg_rho_bar)
-            filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights, self.ratio_bound)
+            behavior_ratio = safe_ratio(log_ratio).detach()
+            filtered = tv_filtered_surrogate(
+                ratio, advantages, tv_threshold, weights, self.ratio_bound, behavior_ratio, self.data_tv_limit
+            )
             stats = {
                 "tv_estimate": filtered.tv_estimate.item(),
+                # ½·mean|π_θ/μ − 1|: the learner's distance to its data during the update, bounded under any lag
+                "tv_data": 0.5 * th.mean(th.abs(behavior_ratio - 1.0)).item(),
                 "filtered_fraction": 1.0 - filtered.mask.mean().item(),
                 "filter_active_fraction": float(filtered.filter_active),
             }
             if self.ratio_bound is not None:
                 stats["bound_fraction"] = filtered.bound_fraction
+            if self.data_tv_limit is not None:
+                stats["anchor_active_fraction"] = float(filtered.anchor_active)
             return filtered.loss, stats
         if self.policy_loss == "kl":
             return kl_penalty_surrogate(log_ratio, advantages, self.kl_coef), {}
