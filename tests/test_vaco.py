@@ -18,7 +18,8 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_vaco import VACO, LaggedPPO
+from sb3_vaco import PPOKL, SPO, VACO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
+from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 
 TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]))
 
@@ -43,17 +44,24 @@ def test_lagged_ppo_without_lag_is_sb3_ppo(env_id, kwargs):
     assert_same_params(*models)
 
 
-def test_clip_with_gae_advantages_without_lag_is_sb3_ppo():
+class ClipWithGAE(VACOAlignOnly):
+    """PPO's loss on GAE advantages inside the shared update loop: the align-only ablation without V-trace."""
+
+    importance_corrected_advantages = False
+
+
+def test_shared_update_loop_with_ppo_loss_and_gae_is_sb3_ppo_without_lag():
     """
-    ``policy_loss="clip", advantage_estimator="gae"`` at lag 0 is PPO: VACO's train-time bootstrap of the time-limit
-    truncations (Pendulum-v1 truncates at 200 steps) equals SB3's collection-time one. The two return computations
-    round differently, so the parameters agree to 1e-6 (measured: 3e-8), not bitwise; with lag they differ by 1e-2.
+    PPO's clipped loss on GAE advantages in the update loop all algorithms share is PPO at lag 0: the train-time
+    bootstrap of the time-limit truncations (Pendulum-v1 truncates at 200 steps) equals SB3's collection-time one.
+    The two return computations round differently, so the parameters agree to 1e-6 (measured: 3e-8), not bitwise;
+    with lag they differ by 1e-2.
     """
     kwargs = dict(seed=3, learning_rate=1e-3, clip_range=0.2, **TINY)
     ppo = PPO("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=2, seed=3), **kwargs).learn(512)
     for policy_lag, close in ((0, True), (2, False)):
         env = make_vec_env("Pendulum-v1", n_envs=2, seed=3)
-        vaco = VACO("MlpPolicy", env, policy_loss="clip", advantage_estimator="gae", policy_lag=policy_lag, **kwargs)
+        vaco = ClipWithGAE("MlpPolicy", env, policy_lag=policy_lag, **kwargs)
         vaco.learn(512)
         pairs = zip(params_of(ppo), params_of(vaco), strict=True)
         assert all(th.allclose(a, b, rtol=0.0, atol=1e-6) for a, b in pairs) == close
@@ -72,14 +80,14 @@ def test_seeded_runs_are_deterministic(algo):
     assert_same_params(*runs)
 
 
-@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO, PPOKL, SPO, VACOAlignOnly, VACOFilterOnly])
 def test_save_load_round_trip(algo, tmp_path):
     env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
     model = algo("MlpPolicy", env, seed=0, policy_lag=2, **TINY).learn(256)
     model.save(tmp_path / "model")
     loaded = algo.load(tmp_path / "model", env=env)
     assert loaded.policy_lag == 2 and loaded.n_steps == TINY["n_steps"]
-    if algo is VACO:
+    if isinstance(model, VACO):
         assert loaded.tv_threshold(1.0) == model.tv_threshold(1.0) and loaded.tv_reference == model.tv_reference
     observations = env.reset()
     np.testing.assert_array_equal(
@@ -167,29 +175,43 @@ def test_everything_filtered_never_gives_nan():
 
 
 @pytest.mark.parametrize(
-    "policy_loss, advantage_estimator, tv_reference",
+    "algo, kwargs",
     [
-        ("clip", "vtrace", "behavior"),
-        ("spo", "gae", "behavior"),
-        ("kl", "gae", "behavior"),
-        ("tv_filter", "gae", "learner"),
-        ("tv_filter", "vtrace", "decoupled"),
+        (VACO, {"tv_reference": "behavior"}),
+        (VACO, {"tv_reference": "learner"}),
+        (VACO, {"data_tv_limit": 0.01}),
+        (VACO, VACO.PAPER),
+        (VACOAlignOnly, {"clip_range": 0.1}),
+        (VACOFilterOnly, {}),
+        (SPO, {}),
+        (PPOKL, {"kl_coef": 0.1}),
     ],
 )
-def test_ablation_switches_train(policy_loss, advantage_estimator, tv_reference):
-    model = VACO(
-        "MlpPolicy",
-        "CartPole-v1",
-        seed=0,
-        policy_lag=1,
-        policy_loss=policy_loss,
-        advantage_estimator=advantage_estimator,
-        tv_reference=tv_reference,
-        realign_every_epoch=True,
-        **TINY,
-    )
-    model.learn(256)
+def test_baselines_and_options_train(algo, kwargs):
+    model = algo("MlpPolicy", "CartPole-v1", seed=0, policy_lag=1, **kwargs, **TINY).learn(256)
     assert all(th.all(th.isfinite(p)) for p in model.policy.parameters())
+    assert 0.0 <= model.logger.name_to_value["train/tv_data"] < 1.0
+
+
+def test_baselines_change_one_part_each():
+    """Each named baseline swaps exactly one part of the shared update: the advantages, the policy loss or both."""
+    assert VACO.importance_corrected_advantages and VACOAlignOnly.importance_corrected_advantages
+    for algo in (VACOFilterOnly, SPO, PPOKL):
+        assert not algo.importance_corrected_advantages
+    for algo in (VACO, VACOAlignOnly, SPO, PPOKL):
+        assert issubclass(algo, AlignedOnPolicyAlgorithm)
+    assert VACOFilterOnly._policy_loss is VACO._policy_loss
+
+
+def test_data_tv_limit_drops_samples_moving_away_from_the_data():
+    """With a second budget of ~0 on the distance to the data, the anchor is on and drops samples."""
+    kwargs = dict(seed=0, policy_lag=2, tv_threshold=10.0, ratio_bound=None, learning_rate=1e-2, **TINY)
+    anchored = VACO("MlpPolicy", "Pendulum-v1", data_tv_limit=1e-6, **kwargs).learn(TINY["n_steps"] * 5)
+    values = anchored.logger.name_to_value
+    assert values["train/anchor_active_fraction"] > 0.5
+    assert values["train/filter_active_fraction"] == 0.0 and values["train/filtered_fraction"] > 0.0
+    free = VACO("MlpPolicy", "Pendulum-v1", **kwargs).learn(TINY["n_steps"] * 5)
+    assert free.logger.name_to_value["train/filtered_fraction"] == 0.0
 
 
 def test_ratio_bound_is_logged_and_only_tightens_the_filter():
@@ -238,7 +260,7 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
     assert ess_fraction == pytest.approx(1.0, abs=1e-5)
     np.testing.assert_allclose(buffer.returns, reference.returns, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(buffer.values, reference.values, rtol=1e-5, atol=1e-5)
-    # The same after the buffer was flattened by `get()` (the every-epoch realignment path).
+    # The same after the buffer was flattened by `get()`.
     next(buffer.get(batch_size=8))
     model._realign()
     np.testing.assert_allclose(buffer.time_major("returns"), reference.returns, rtol=1e-4, atol=1e-4)
@@ -257,21 +279,35 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
         ({"tv_lag_scaling": -1.0}, "tv_lag_scaling"),
         ({"tv_reference": "stale"}, "tv_reference"),
         ({"tv_reference": "budget"}, "tv_reference"),
-        ({"policy_loss": "ppo"}, "policy_loss"),
-        ({"advantage_estimator": "td"}, "advantage_estimator"),
+        ({"data_tv_limit": -0.1}, "data_tv_limit"),
         ({"value_target": "mc"}, "value_target"),
         ({"batch_size": 4096}, "batch_size"),
         ({"batch_size": 1}, "batch_size"),
-        ({"clip_range": 0.0}, "clip_range"),
-        ({"kl_coef": -1.0}, "kl_coef"),
+        ({"batch_size": 16.5}, "batch_size"),
+        ({"n_steps": "64"}, "n_steps"),
+        ({"n_steps": True}, "n_steps"),
         ({"gae_lambda": 1.5}, "gae_lambda"),
         ({"n_epochs": 0}, "n_epochs"),
+        ({"n_epochs": 2.5}, "n_epochs"),
         ({"policy_lag": (4, 2)}, "policy_lag"),
     ],
 )
 def test_invalid_hyperparameters_name_the_parameter(kwargs, parameter):
     with pytest.raises(ValueError, match=parameter):
         VACO("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "algo, kwargs", [(VACOAlignOnly, {"clip_range": 0.0}), (SPO, {"clip_range": -1}), (PPOKL, {"kl_coef": -1.0})]
+)
+def test_invalid_baseline_hyperparameters_name_the_parameter(algo, kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        algo("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+def test_truncated_last_minibatch_warns_as_in_ppo():
+    with pytest.warns(UserWarning, match="truncated mini-batch"):
+        VACO("MlpPolicy", "CartPole-v1", n_steps=30, batch_size=16)
 
 
 def test_unsupported_observation_space_gets_sb3_error():
@@ -317,13 +353,14 @@ def test_ess_fraction_is_kish_effective_sample_size():
 
 
 def test_value_target_splits_the_realignment_between_policy_and_critic():
-    """``value_target`` picks the critic's targets; the policy's advantages follow ``advantage_estimator``."""
+    """``value_target`` picks the critic's targets; the policy's advantages follow the class (V-trace or GAE)."""
     model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, **TINY)
     assert model.value_target == "gae"  # the variant study's default (docs/study.md)
     model.learn(TINY["n_steps"] * 5)  # the last rollout was collected 2 updates behind the learner
 
     def realign(advantage_estimator: str, value_target: str) -> tuple[np.ndarray, np.ndarray]:
-        model.advantage_estimator, model.value_target = advantage_estimator, value_target
+        model.importance_corrected_advantages = advantage_estimator == "vtrace"  # type: ignore[misc]
+        model.value_target = value_target
         assert model._realign()[0] > 1e-4  # the data is off-policy, so V-trace and GAE differ
         return model.rollout_buffer.returns.copy(), model.rollout_buffer.advantages.copy()
 

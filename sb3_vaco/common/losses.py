@@ -9,6 +9,10 @@ from typing import NamedTuple
 
 import torch as th
 
+#: Reference policies of the TV filter: the behavior policy μ, the learner π_T at the start of the update with the
+#: samples weighted by π_T/μ, or the same with the weights truncated (decoupled).
+TV_REFERENCES = ("behavior", "learner", "decoupled")
+
 # exp(20) ≈ 4.9e8: far beyond any useful ratio, far below float32 overflow.
 MAX_LOG_RATIO = 20.0
 

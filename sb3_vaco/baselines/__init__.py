@@ -1,0 +1,3 @@
+from sb3_vaco.baselines.baselines import PPOKL, SPO, VACOAlignOnly, VACOFilterOnly
+
+__all__ = ["PPOKL", "SPO", "VACOAlignOnly", "VACOFilterOnly"]
