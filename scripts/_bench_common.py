@@ -1,123 +1,46 @@
 """
-Helpers shared by the benchmark scripts: one torch thread per process, versions and git revision for the
-records, atomic writes, lag settings, and reading the zoo YAML shipped in ``sb3_vaco``.
+For the scripts that import it (``speed_benchmark.py``): puts this checkout first on ``sys.path``, so that
+``sb3_vaco`` is imported from it (a worktree, a copy) rather than wherever it is installed and a record's git
+revision names the code that ran, then re-exports :mod:`sb3_vaco.bench.common`. Spawned workers re-import this
+module and get the same path.
 """
 
-import functools
-import importlib.metadata
-import os
-import platform
-import shlex
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Import sb3_vaco from this checkout (a worktree, a copy) rather than wherever it is installed, so that a record's
-# git revision names the code that ran. Spawned workers re-import this module and get the same path.
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-# Distributions whose versions every record carries.
-VERSIONED_PACKAGES = ("stable_baselines3", "sb3_vaco", "torch", "gymnasium", "mujoco", "rl_zoo3", "numpy")
 
-LagSetting = int | tuple[int, int]
-# The two files of a finished run; result.json is written last and marks the run as finished.
-RESULT_FILE = "result.json"
-PROGRESS_FILE = "progress.csv"
+from sb3_vaco.bench.common import (  # noqa: E402
+    PROGRESS_FILE,
+    RESULT_FILE,
+    VERSIONED_PACKAGES,
+    LagSetting,
+    atomic_write_text,
+    command_line,
+    git_revision,
+    lag_label,
+    lag_sort_key,
+    package_versions,
+    parse_lag,
+    use_one_thread,
+    zoo_entry,
+)
 
-
-def use_one_thread() -> None:
-    """
-    One compute thread per process: on a machine shared by parallel runs, torch's default thread pool makes
-    training 10-25x slower. The environment variables reach processes started afterwards (spawned workers).
-    """
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[variable] = "1"
-    import torch as th
-
-    th.set_num_threads(1)
-
-
-def package_versions() -> dict[str, str]:
-    """Python, platform and the installed versions of :data:`VERSIONED_PACKAGES`."""
-    versions = {"python": platform.python_version(), "platform": platform.platform()}
-    for package in VERSIONED_PACKAGES:
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "not installed"
-    return versions
-
-
-def git_revision() -> str | None:
-    """The repository's commit, suffixed ``+dirty`` when tracked files have uncommitted changes; None outside git."""
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return commit + ("+dirty" if status else "")
-
-
-def command_line() -> str:
-    """The command that started this process, as a user would retype it."""
-    return shlex.join(["python", *sys.argv])
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: never a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as tmp:
-        tmp.write(text)
-    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile creates it private
-    os.replace(tmp.name, path)
-
-
-def parse_lag(text: str) -> LagSetting:
-    """``"4"`` → ``4`` (every env 4 updates stale); ``"0-8"`` → ``(0, 8)`` (per-env staleness drawn in [0, 8])."""
-    low, sep, high = text.strip().partition("-")
-    try:
-        lag: LagSetting = (int(low), int(high)) if sep else int(low)
-    except ValueError:
-        raise ValueError(f"A lag setting is an int K or a range K_min-K_max, got {text!r}") from None
-    lag_range = lag if isinstance(lag, tuple) else (lag, lag)
-    if not 0 <= lag_range[0] <= lag_range[1]:
-        raise ValueError(f"A lag setting needs 0 <= K_min <= K_max, got {text!r}")
-    return lag
-
-
-def lag_label(lag: LagSetting) -> str:
-    """Inverse of :func:`parse_lag`: ``4`` → ``"4"``, ``(0, 8)`` → ``"0-8"``."""
-    return f"{lag[0]}-{lag[1]}" if isinstance(lag, tuple) else str(lag)
-
-
-def lag_sort_key(label: str) -> tuple[float, int]:
-    """Order lag settings by mean staleness, then by the widest staleness: 0, 4, 0-8, 16."""
-    lag = parse_lag(label)
-    low, high = lag if isinstance(lag, tuple) else (lag, lag)
-    return (low + high) / 2, high
-
-
-@functools.cache
-def _zoo_entries(algo: str) -> dict[str, dict[str, Any]]:
-    from sb3_vaco.zoo import HYPERPARAMS_DIR
-
-    with open(HYPERPARAMS_DIR / f"{algo}.yml") as file:
-        return yaml.safe_load(file)
-
-
-def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:
-    """The hyperparameters the zoo uses for ``algo`` on ``env_id``: the env's YAML entry, else ``default`` (a copy)."""
-    entries = _zoo_entries(algo)
-    return dict(entries[env_id] if env_id in entries else entries["default"])
+__all__ = [
+    "PROGRESS_FILE",
+    "REPO_ROOT",
+    "RESULT_FILE",
+    "VERSIONED_PACKAGES",
+    "LagSetting",
+    "atomic_write_text",
+    "command_line",
+    "git_revision",
+    "lag_label",
+    "lag_sort_key",
+    "package_versions",
+    "parse_lag",
+    "use_one_thread",
+    "zoo_entry",
+]

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 out=${1:-runs/main_job}
-.venv/bin/python scripts/benchmark.py --preset demo --out "$out"
+.venv/bin/python scripts/benchmark.py --grid demo --out "$out"
 .venv/bin/python scripts/analyze.py "$out"
 echo
 cat "$out/analysis/results.md"

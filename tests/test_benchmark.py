@@ -1,6 +1,7 @@
 """
-Benchmark machinery (scripts/): grid construction, the grid runner on a 2-run CartPole grid (result files, resume
-without retraining), and the analysis on its output (single seed: CIs n/a).
+The benchmark lab (``sb3_vaco.bench``, ``scripts/benchmark.py``, ``scripts/analyze.py``): parsing, grid construction
+and the grids file's checks, the grid runner on a 2-run CartPole grid (result files, resume without retraining), and
+the analysis on its output (single seed: CIs n/a) and on synthetic scores.
 """
 
 import json
@@ -18,15 +19,42 @@ pytest.importorskip("rliable")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+from sb3_vaco.bench import analysis, runner, study
+from sb3_vaco.bench.common import algo_classes, lag_sort_key, parse_lag, parse_seeds
+from sb3_vaco.bench.grids import (
+    Cell,
+    Grid,
+    GridFileError,
+    load_grid_file,
+    parse_update,
+    parse_variant,
+    select,
+)
 
-import analyze  # noqa: E402
-import benchmark  # noqa: E402
-from _bench_common import lag_sort_key, parse_lag  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+GRIDS = load_grid_file(SCRIPTS / "grids.yml")
+VARIANTS = GRIDS.variants
 
 # 4 iterations of 8 envs x 32 steps (CartPole's zoo entry), evaluated at 512 and 1024 steps.
-GRID_ARGS = [
+TINY_GRID = """
+variants:
+  vaco: {algo: vaco}
+  lagged_ppo: {algo: lagged_ppo}
+grids:
+  tiny:
+    description: two CartPole runs
+    out: OUT
+    envs: [CartPole-v1]
+    variants: [vaco, lagged_ppo]
+    lags: [0-2]
+    seeds: 0
+    n_timesteps: 1024
+    eval_freq: 512
+    n_eval_episodes: 2
+"""
+# The same grid on the command line, without the grids file's name.
+AD_HOC_ARGS = [
     "--envs", "CartPole-v1",
     "--variants", "vaco", "lagged_ppo",
     "--lags", "0-2",
@@ -38,39 +66,52 @@ GRID_ARGS = [
 ]  # fmt: skip
 
 
-def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+def run_script(script: str, *args: str, returncode: int = 0) -> subprocess.CompletedProcess:
     completed = subprocess.run(
         [sys.executable, str(SCRIPTS / script), *args], capture_output=True, text=True, timeout=300, check=False
     )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert completed.returncode == returncode, completed.stdout + completed.stderr
     return completed
+
+
+def write_grids(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "grids.yml"
+    path.write_text(text)
+    return path
 
 
 @pytest.fixture(scope="module")
 def grid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("grid")
-    run_script("benchmark.py", *GRID_ARGS, "--out", str(out))
+    folder = tmp_path_factory.mktemp("grid")
+    out = folder / "out"
+    grids_file = write_grids(folder, TINY_GRID.replace("OUT", str(out)))
+    run_script("benchmark.py", "--grids-file", str(grids_file), "--grid", "tiny", "--workers", "1")
     return out
 
 
 def test_parse_variant() -> None:
-    variant = benchmark.parse_variant("vaco:tv_threshold=0.05,tv_reference=learner")
+    variant = parse_variant("vaco:tv_threshold=0.05,tv_reference=learner", VARIANTS)
     assert variant.name == "vaco+tv_threshold=0.05+tv_reference=learner"
     assert variant.algo == "vaco"
     assert variant.hyperparams == {"tv_threshold": 0.05, "tv_reference": "learner"}
 
-    named = benchmark.parse_variant("wide_spo=spo:clip_range=0.3")
-    assert (named.name, named.algo) == ("wide_spo", "vaco")
-    assert named.hyperparams == {"policy_loss": "spo", "advantage_estimator": "gae", "clip_range": 0.3}
+    named = parse_variant("wide_spo=spo:clip_range=0.3", VARIANTS)
+    assert (named.name, named.algo, named.hyperparams) == ("wide_spo", "spo", {"clip_range": 0.3})
+    # A named variant of the file keeps its hyperparameters under the extra ones.
+    paper = parse_variant("paper01=vaco_paper:tv_threshold=0.1", VARIANTS)
+    assert paper.hyperparams == {**VARIANTS["vaco_paper"].hyperparams, "tv_threshold": 0.1}
+    assert parse_variant("vaco_rho4", VARIANTS) == VARIANTS["vaco_rho4"]
 
-    assert benchmark.parse_variant("vaco:kl_coef=1e-3,realign_every_epoch=true").hyperparams == {
-        "kl_coef": 0.001,
-        "realign_every_epoch": True,
+    assert parse_variant("vaco:tv_threshold=1e-3,tv_lag_scaling=true", VARIANTS).hyperparams == {
+        "tv_threshold": 0.001,
+        "tv_lag_scaling": True,
     }
     with pytest.raises(ValueError, match="Unknown variant"):
-        benchmark.parse_variant("trpo")
+        parse_variant("trpo", VARIANTS)
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        benchmark.parse_variant("vaco:tv_threshold")
+        parse_variant("vaco:tv_threshold", VARIANTS)
+    with pytest.raises(ValueError, match="folder names"):
+        parse_variant("a/b=vaco", VARIANTS)
 
 
 @pytest.mark.parametrize(("text", "lag"), [("0", 0), ("16", 16), ("0-8", (0, 8)), ("3-3", (3, 3))])
@@ -84,34 +125,41 @@ def test_parse_lag_rejects(text: str) -> None:
         parse_lag(text)
 
 
+def test_parse_seeds() -> None:
+    assert parse_seeds(["0-2", "7"]) == (0, 1, 2, 7)
+    assert parse_seeds("3-4") == (3, 4) and parse_seeds(2) == (2,) and parse_seeds([0, 1]) == (0, 1)
+    for bad in (["0-1", "1"], ["a"], [True], []):
+        with pytest.raises(ValueError):
+            parse_seeds(bad)
+
+
 def test_lag_order() -> None:
     assert sorted(["16", "0-8", "4", "0"], key=lag_sort_key) == ["0", "4", "0-8", "16"]
 
 
 def test_variant_hyperparams_from_zoo_yaml() -> None:
-    align_only = benchmark.parse_variant("vaco_align_only")
-    base = benchmark.parse_update("base")
+    align_only, base = VARIANTS["vaco_align_only"], parse_update("base")
     # PPO's tuned clip range of the env (lagged_ppo.yml): 0.1 on HalfCheetah; none in the InvertedPendulum entry.
-    assert benchmark.variant_hyperparams(align_only, base, "HalfCheetah-v5") == {"policy_loss": "clip", "clip_range": 0.1}
-    assert benchmark.variant_hyperparams(align_only, base, "InvertedPendulum-v5") == {"policy_loss": "clip"}
-    assert "clip_range" not in benchmark.variant_hyperparams(benchmark.parse_variant("ppo_kl"), base, "Hopper-v5")
+    assert runner.variant_hyperparams(align_only, base, "HalfCheetah-v5") == {"clip_range": 0.1}
+    assert runner.variant_hyperparams(align_only, base, "InvertedPendulum-v5") == {}
+    assert "clip_range" not in runner.variant_hyperparams(VARIANTS["ppo_kl"], base, "Hopper-v5")
 
-    # xF scales the YAML value (Hopper: n_epochs 5, batch_size 32), else the constructor default (n_epochs 10).
-    update = benchmark.parse_update("faster:n_epochs=x2,batch_size=x0.5")
-    vaco = benchmark.parse_variant("vaco")
-    assert benchmark.variant_hyperparams(vaco, update, "Hopper-v5") == {"n_epochs": 10, "batch_size": 16}
-    assert benchmark.variant_hyperparams(vaco, update, "InvertedPendulum-v5") == {"n_epochs": 20, "batch_size": 32}
+    # xF scales the YAML value (Hopper: n_epochs 5, batch_size 32), else the constructor default (n_epochs 10, 64).
+    update = parse_update("faster:n_epochs=x2,batch_size=x0.5")
+    vaco = VARIANTS["vaco"]
+    assert runner.variant_hyperparams(vaco, update, "Hopper-v5") == {"n_epochs": 10, "batch_size": 16}
+    assert runner.variant_hyperparams(vaco, update, "InvertedPendulum-v5") == {"n_epochs": 20, "batch_size": 32}
     with pytest.raises(ValueError, match="not an integer"):
-        benchmark.variant_hyperparams(vaco, benchmark.parse_update("odd:n_epochs=x0.3"), "Hopper-v5")
+        runner.variant_hyperparams(vaco, parse_update("odd:n_epochs=x0.3"), "Hopper-v5")
 
 
 def test_grid_interleaves_seeds(tmp_path: Path) -> None:
-    runs = benchmark.build_grid(
+    runs = runner.build_grid(
         envs=["InvertedPendulum-v5", "Hopper-v5"],
-        variants=[benchmark.parse_variant("vaco"), benchmark.parse_variant("lagged_ppo")],
+        variants=[VARIANTS["vaco"], VARIANTS["lagged_ppo"]],
         lags=["0", "0-8"],
-        updates=[benchmark.parse_update("base"), benchmark.parse_update("epochs2x:n_epochs=x2")],
-        seeds=benchmark.parse_seeds(["0-1"]),
+        updates=[parse_update("base"), parse_update("epochs2x:n_epochs=x2")],
+        seeds=parse_seeds(["0-1"]),
         out_dir=tmp_path,
         n_timesteps=None,
         eval_freq=10_000,
@@ -129,42 +177,110 @@ def test_grid_interleaves_seeds(tmp_path: Path) -> None:
     assert {run.n_timesteps for run in runs} == {1_000_000}  # the YAML entries' n_timesteps
 
 
-def test_presets_build() -> None:
-    for name, preset in benchmark.PRESETS.items():
-        runs, out_dir = benchmark.grid_from_args(benchmark.parse_args(["--preset", name]))
-        expected = len(preset.envs) * len(preset.variants) * len(preset.lags) * len(preset.seeds) * len(preset.updates)
-        assert len(runs) == expected, name
-        assert out_dir.name == name
-    demo, _ = benchmark.grid_from_args(benchmark.parse_args(["--preset", "demo", "--seeds", "3"]))
-    assert {run.seed for run in demo} == {3} and {run.n_timesteps for run in demo} == {50_000}
+def _cell(out: str, seeds: tuple[int, ...], variant: str = "vaco", n_timesteps: int = 1000) -> Cell:
+    return Cell(Path(out), ("Hopper-v5",), (VARIANTS[variant],), ("4",), seeds, n_timesteps, 500)
 
 
-def test_stratified_bootstrap() -> None:
-    rng = np.random.default_rng(0)
-    single = analyze.stratified_bootstrap(np.mean, [np.array([[1.0, 2.0]])], reps=100, rng=rng)
-    assert single.value == 1.5 and single.low is None and single.format() == "1.5 [n/a]"
-
-    scores = rng.normal(size=(10, 3))
-    interval = analyze.stratified_bootstrap(analyze.metrics.aggregate_iqm, [scores], reps=500, rng=rng)
-    assert interval.low is not None and interval.high is not None
-    assert interval.low <= interval.value <= interval.high
-    # Resampling stays within each task (column): a constant column per task gives a degenerate CI.
-    constant = np.tile([[1.0, 2.0, 3.0]], (5, 1))
-    degenerate = analyze.stratified_bootstrap(analyze.metrics.aggregate_mean, [constant], reps=200, rng=rng)
-    assert degenerate.low == degenerate.high == pytest.approx(2.0)
-    # A clearly better sample wins every resample.
-    better = analyze.stratified_bootstrap(
-        analyze.metrics.probability_of_improvement, [scores + 100.0, scores], reps=200, rng=rng
-    )
-    assert better.value == better.low == better.high == 1.0
+def test_grid_runs_are_seed_major_across_cells_and_run_once(tmp_path: Path) -> None:
+    grid = Grid("g", "", (_cell("a", (0, 1, 2)), _cell("b", (1,), "lagged_ppo"), _cell("a", (0, 1))))
+    runs = runner.grid_runs(grid, tmp_path, {})
+    # Seed-major over the cells; the third cell's runs are the first cell's, run once.
+    assert [(run.out_dir.name, run.variant, run.seed) for run in runs] == [
+        ("a", "vaco", 0),
+        ("a", "vaco", 1),
+        ("b", "lagged_ppo", 1),
+        ("a", "vaco", 2),
+    ]
+    conflicting = Grid("g", "", (_cell("a", (0,)), _cell("a", (0,), n_timesteps=2000)))
+    with pytest.raises(ValueError, match="twice, differently"):
+        runner.grid_runs(conflicting, tmp_path, {})
 
 
-def test_lag_tick_labels_add_gradient_steps() -> None:
-    # Measured means over iterations: 3.5 updates = 280 gradient steps, so 80 gradient steps per update.
-    runs = pd.DataFrame({"lag": ["0", "4", "0-8"], "measured lag": [0.0, 3.5, 3.9], "lag in grad steps": [0.0, 280.0, 312.0]})
-    assert analyze.lag_tick_labels(runs, ["0", "4", "16", "0-8"]) == ["0\n(0)", "4\n(320)", "16\n(1,280)", "0-8"]
-    # Without lagged runs there is nothing to measure the steps per update from.
-    assert analyze.lag_tick_labels(runs.iloc[:1], ["0"]) == ["0"]
+def test_select_filters_and_overrides() -> None:
+    lag_axis = GRIDS.grid("lag_axis")
+    part = select(lag_axis, envs=["Hopper-v5"], lags=["4"], seeds=[7])
+    # Only the cells that have Hopper-v5 at lag 4, with the given seeds
+    assert [(str(cell.out), cell.envs, cell.lags, cell.seeds) for cell in part.cells] == [
+        ("results/kl", ("Hopper-v5",), ("4",), (7,))
+    ]
+    with pytest.raises(ValueError, match="Walker2d-v5 not in grid 'lag_axis'"):
+        select(lag_axis, envs=["Walker2d-v5"])
+    with pytest.raises(ValueError, match="several folders"):
+        select(lag_axis, out=Path("/tmp/x"))
+    demo = select(GRIDS.grid("demo"), out=Path("/tmp/demo"), n_timesteps=1000)
+    assert {(cell.out, cell.n_timesteps) for cell in demo.cells} == {(Path("/tmp/demo"), 1000)}
+
+
+def test_grids_file_builds_with_todays_options() -> None:
+    # Every grid builds (its hyperparameter names exist), and every variant passes its algorithm's own checks.
+    for grid in GRIDS.grids.values():
+        assert runner.grid_runs(grid, REPO, {}), grid.name
+    classes = algo_classes()
+    for variant in VARIANTS.values():
+        classes[variant.algo]("MlpPolicy", None, _init_setup_model=False, **variant.hyperparams)
+
+
+def test_grid_folders_and_run_names_are_kept() -> None:
+    # Committed results and interrupted grids are found by these folders and names.
+    robust = runner.grid_runs(GRIDS.grid("robust_screen"), REPO, {})
+    assert {run.out_dir for run in robust} == {REPO / "results" / "robust"}
+    assert {run.variant for run in robust} == {"vaco_learner", "vaco_rho4", "vaco_anchor20"}
+    assert {(run.env, run.lag) for run in robust} == {
+        ("InvertedPendulum-v5", "16"),
+        ("Hopper-v5", "16"),
+        ("HalfCheetah-v5", "4"),
+    }
+    assert len(robust) == 3 * 3 * 3 and {run.n_timesteps for run in robust} == {300_000}
+    assert {run.hyperparams["pg_rho_bar"] for run in robust if run.variant == "vaco_rho4"} == {4}
+    sweep = runner.grid_runs(GRIDS.grid("sweep"), REPO, {})
+    assert "vaco+tv_threshold=0.025+vtrace_rho_bar=0.5+pg_rho_bar=0.5" in {run.variant for run in sweep}
+    update_freq = {run.algorithm for run in runner.grid_runs(GRIDS.grid("update_freq"), REPO, {})}
+    assert update_freq == {f"{v}{u}" for v in ("vaco", "lagged_ppo") for u in ("", "@epochs2x", "@batch_half")}
+
+
+GOOD_CELL = "{out: o, envs: [Hopper-v5], variants: [vaco], lags: [0], seeds: 0, n_timesteps: 10, eval_freq: 5}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("grids: [1, 2]", "'grids' must be a non-empty mapping"),
+        ("grid: {}", "unknown key.*'grid'"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL.replace("seeds", "seed") + "]}}", "cell 1: unknown key.*'seed'"),
+        ("grids: {g: {description: d, cells: [{envs: [Hopper-v5]}]}}", "cell 1: missing key.*'out'"),
+        ("grids: {g: {cells: [" + GOOD_CELL + "]}}", "'description'.*required"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL.replace("[vaco]", "[nope]") + "]}}", "Unknown variant 'nope'"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL.replace("[0]", "[8-0]") + "]}}", "K_min <= K_max"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL.replace("10,", "0,") + "]}}", "'n_timesteps' must be a positive"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL.replace("[0]", "[0, 0]") + "]}}", "repeated entry in 'lags'"),
+        ("variants: {v: {algo: trpo}}\ngrids: {g: {description: d, cells: [" + GOOD_CELL + "]}}", "'algo' must be one of"),
+        ("variants: {v: {algo: vaco, hyperparams: {policy_lag: 2}}}\ngrids: {}", "set by a cell's 'lags'"),
+        ("variants: {v: {algo: vaco, params: {}}}\ngrids: {}", "variant 'v': unknown key.*'params'"),
+        ("grids: {g: {description: d, cells: [" + GOOD_CELL + "]}", "not valid YAML"),
+    ],
+)
+def test_grid_file_errors(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(GridFileError, match=message):
+        text = text if text.startswith("variants") else "variants: {vaco: {algo: vaco}}\n" + text
+        load_grid_file(write_grids(tmp_path, text))
+
+
+def test_unknown_hyperparameter_fails_before_running(tmp_path: Path) -> None:
+    text = "variants: {old: {algo: vaco, hyperparams: {tv_ess_scaling: true}}}\ngrids: {g: {description: d, cells: ["
+    grids_file = write_grids(tmp_path, text + GOOD_CELL.replace("[vaco]", "[old]") + "]}}")
+    completed = run_script("benchmark.py", "--grids-file", str(grids_file), "--grid", "g", returncode=2)
+    assert "variant 'old': tv_ess_scaling is not a hyperparameter of vaco" in completed.stderr
+
+
+def test_demo_grid_dry_run(tmp_path: Path) -> None:
+    # scripts/main_job.sh's grid, into a fresh folder
+    dry_run = run_script("benchmark.py", "--grid", "demo", "--out", str(tmp_path), "--dry-run").stdout
+    assert "[todo] Hopper-v5/vaco/lag0/seed0" in dry_run and "[todo] Hopper-v5/lagged_ppo/lag4/seed1" in dry_run
+    assert "8 runs, 0 done, 8 to run (400,000 env steps)" in dry_run
+    one_seed = run_script("benchmark.py", "--grid", "demo", "--seeds", "3", "--out", str(tmp_path), "--dry-run").stdout
+    assert "seed3" in one_seed and "seed0" not in one_seed and "4 runs, 0 done, 4 to run (200,000 env steps)" in one_seed
+    assert "demo" in run_script("benchmark.py", "--list").stdout
+    assert "No grid 'nope'" in run_script("benchmark.py", "--grid", "nope", returncode=2).stderr
 
 
 def test_grid_results(grid_dir: Path) -> None:
@@ -193,7 +309,7 @@ def test_grid_results(grid_dir: Path) -> None:
         assert result["hyperparams"]["resolved"]["n_steps"] == 32
         assert result["hyperparams"]["resolved"]["policy_lag"] == [0, 2]
         assert {"stable_baselines3", "sb3_vaco", "torch", "gymnasium"} <= set(result["versions"])
-        assert "scripts/benchmark.py" in result["command"]
+        assert "scripts/benchmark.py" in result["command"] and result["grid"] == "tiny"
 
         progress = pd.read_csv(run_dir / "progress.csv")
         assert progress["timesteps"].tolist() == [256, 512, 768, 1024]
@@ -208,9 +324,10 @@ def test_grid_results(grid_dir: Path) -> None:
 
 
 def test_rerun_skips_finished_runs(grid_dir: Path) -> None:
+    # The same grid given on the command line finds the grid's runs: same folders and names.
     results = sorted(grid_dir.rglob("result.json"))
     mtimes = [path.stat().st_mtime_ns for path in results]
-    completed = run_script("benchmark.py", *GRID_ARGS, "--out", str(grid_dir))
+    completed = run_script("benchmark.py", *AD_HOC_ARGS, "--out", str(grid_dir))
     assert "2 of 2 runs already finished: skipped; 0 to run" in completed.stdout
     assert [path.stat().st_mtime_ns for path in results] == mtimes
 
@@ -220,7 +337,8 @@ def test_unfinished_run_is_listed_again(grid_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "grid"
     shutil.copytree(grid_dir, copy)
     (copy / "CartPole-v1/vaco/lag0-2/seed0/result.json").unlink()
-    dry_run = run_script("benchmark.py", *GRID_ARGS, "--out", str(copy), "--dry-run").stdout
+    grids_file = write_grids(tmp_path, TINY_GRID.replace("OUT", str(copy)))
+    dry_run = run_script("benchmark.py", "--grids-file", str(grids_file), "--grid", "tiny", "--dry-run").stdout
     assert "[todo] CartPole-v1/vaco/lag0-2/seed0" in dry_run
     assert "[done] CartPole-v1/lagged_ppo/lag0-2/seed0" in dry_run
     assert "2 runs, 1 done, 1 to run (1,024 env steps)" in dry_run
@@ -232,7 +350,7 @@ def test_analyze_single_seed(grid_dir: Path, tmp_path: Path) -> None:
     report = (out / "results.md").read_text()
     assert "| CartPole-v1 | CartPole-v1 | 1,024 |" in report
     assert "[n/a]" in report  # one seed: no CIs
-    assert "--n-timesteps 1024" in report  # the exact benchmark command
+    assert "--grid tiny" in report  # the exact benchmark command
     assert "| vaco | lagged_ppo | 0-2 | 1 | 1 vs 1 |" in report  # probability of improvement row
     for name in ("score_vs_lag.png", "learning_curves.png", "aggregate_intervals.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -248,13 +366,52 @@ def test_analysis_pools_grids_and_filters_envs(grid_dir: Path, tmp_path: Path) -
     shutil.copytree(grid_dir, second)
     shutil.rmtree(first / "CartPole-v1/vaco")
     shutil.rmtree(second / "CartPole-v1/lagged_ppo")
-    runs, curves = analyze.load_runs([first, second])
+    runs, curves = analysis.load_runs([first, second])
     assert sorted(runs["algorithm"]) == ["lagged_ppo", "vaco"] and len(curves) == 2
-    assert analyze.load_runs([first, second], envs=["Hopper-v5"])[0].empty
-    assert analyze.load_runs([first, second], lags=["0-2"])[0]["lag"].tolist() == ["0-2", "0-2"]
-    assert analyze.load_runs([first, second], lags=["4"])[0].empty
+    assert analysis.load_runs([first, second], envs=["Hopper-v5"])[0].empty
+    assert analysis.load_runs([first, second], lags=["0-2"])[0]["lag"].tolist() == ["0-2", "0-2"]
+    assert analysis.load_runs([first, second], lags=["4"])[0].empty
     with pytest.raises(SystemExit, match="appears twice"):
-        analyze.load_runs([grid_dir, first])
+        analysis.load_runs([grid_dir, first])
+
+
+def test_stratified_bootstrap() -> None:
+    rng = np.random.default_rng(0)
+    single = analysis.stratified_bootstrap(np.mean, [np.array([[1.0, 2.0]])], reps=100, rng=rng)
+    assert single.value == 1.5 and single.low is None and single.format() == "1.5 [n/a]"
+
+    scores = rng.normal(size=(10, 3))
+    interval = analysis.stratified_bootstrap(analysis.metrics.aggregate_iqm, [scores], reps=500, rng=rng)
+    assert interval.low is not None and interval.high is not None
+    assert interval.low <= interval.value <= interval.high
+    # Resampling stays within each task (column): a constant column per task gives a degenerate CI.
+    constant = np.tile([[1.0, 2.0, 3.0]], (5, 1))
+    degenerate = analysis.stratified_bootstrap(analysis.metrics.aggregate_mean, [constant], reps=200, rng=rng)
+    assert degenerate.low == degenerate.high == pytest.approx(2.0)
+    # A clearly better sample wins every resample.
+    better = analysis.stratified_bootstrap(
+        analysis.metrics.probability_of_improvement, [scores + 100.0, scores], reps=200, rng=rng
+    )
+    assert better.value == better.low == better.high == 1.0
+
+
+def test_bootstrap_interval_covers_the_mean() -> None:
+    # The 95% percentile CI of a mean of 20 normal draws covers the true mean about 95% of the time.
+    rng = np.random.default_rng(1)
+    covered = []
+    for _ in range(200):
+        interval = analysis.stratified_bootstrap(np.mean, [rng.normal(3.0, 2.0, size=(20, 1))], reps=200, rng=rng)
+        assert interval.low is not None and interval.high is not None
+        covered.append(interval.low <= 3.0 <= interval.high)
+    assert 0.85 <= np.mean(covered) <= 0.99
+
+
+def test_lag_tick_labels_add_gradient_steps() -> None:
+    # Measured means over iterations: 3.5 updates = 280 gradient steps, so 80 gradient steps per update.
+    runs = pd.DataFrame({"lag": ["0", "4", "0-8"], "measured lag": [0.0, 3.5, 3.9], "lag in grad steps": [0.0, 280.0, 312.0]})
+    assert analysis.lag_tick_labels(runs, ["0", "4", "16", "0-8"]) == ["0\n(0)", "4\n(320)", "16\n(1,280)", "0-8"]
+    # Without lagged runs there is nothing to measure the steps per update from.
+    assert analysis.lag_tick_labels(runs.iloc[:1], ["0"]) == ["0"]
 
 
 def test_normalization() -> None:
@@ -264,29 +421,29 @@ def test_normalization() -> None:
     runs = pd.DataFrame(
         [run("lagged_ppo", "0", 100.0, 10.0), run("lagged_ppo", "0", 120.0, 14.0), run("vaco", "4", 300.0, 12.0)]
     )
-    constants = analyze.normalize(runs, "lagged_ppo", "0").loc["E"]
+    constants = analysis.normalize(runs, "lagged_ppo", "0").loc["E"]
     assert (constants["random"], constants["reference"], constants["n_reference"]) == (12.0, 110.0, 2)
     # Without the reference cell: the best cell's mean final score.
-    constants = analyze.normalize(runs[runs["algorithm"] == "vaco"], "lagged_ppo", "0").loc["E"]
+    constants = analysis.normalize(runs[runs["algorithm"] == "vaco"], "lagged_ppo", "0").loc["E"]
     assert constants["reference"] == 300.0 and "missing" in constants["source"]
     # Nothing beats random: scores are only shifted by the random score.
-    constants = analyze.normalize(pd.DataFrame([run("vaco", "0", 5.0, 12.0)]), "lagged_ppo", "0").loc["E"]
+    constants = analysis.normalize(pd.DataFrame([run("vaco", "0", 5.0, 12.0)]), "lagged_ppo", "0").loc["E"]
     assert constants["reference"] - constants["random"] == 1.0
 
 
-def test_study_plots_from_committed_results(tmp_path: Path) -> None:
-    import study_plots
-
-    assert study_plots.main(["--out", str(tmp_path), "--reps", "50"]) == 0
-    assert (tmp_path / "score_vs_lag_variants.png").stat().st_size > 0 and (tmp_path / "delta_sensitivity.png").exists()
-    points = pd.read_csv(tmp_path / "study_points.csv", dtype={"lag": str})
-    by_lag = points[points["plot"] == "score_vs_lag_variants"].set_index(["env", "variant", "lag"])
-    # The main grid's defaults at lag 4 on HalfCheetah-v5: 5 seeds, mean final 4451 (README), inside its CI.
-    defaults = by_lag.loc[("HalfCheetah-v5", "vaco", "4")]
-    assert defaults["n"] == 5 and round(defaults["mean"]) == 4451 and defaults["low"] < defaults["mean"] < defaults["high"]
-    # A variant measured at one lag only has no line to draw; LaggedPPO is always drawn.
-    assert ("HalfCheetah-v5", "vaco_kl", "4") not in by_lag.index and ("Hopper-v5", "lagged_ppo", "0") in by_lag.index
-    # The δ plot keeps the 100k-step screen apart from the 300k-step runs of the same name.
-    delta = points[points["plot"] == "delta_sensitivity"]
-    screen_ppo = delta[(delta["panel"] == "Hopper-v5 (100k-step screen)") & (delta["variant"] == "lagged_ppo")]
-    assert screen_ppo["n"].tolist() == [3] and round(screen_ppo["mean"].iloc[0]) == 995
+def test_study_lag_points() -> None:
+    # A variant measured at one lag only has no line to draw; LaggedPPO is always drawn; ranges are left out.
+    rows = [
+        ("vaco", "0", 0, 10.0),
+        ("vaco", "0", 1, 12.0),
+        ("vaco", "4", 0, 8.0),
+        ("vaco_kl", "4", 0, 9.0),
+        ("lagged_ppo", "0", 0, 11.0),
+        ("vaco", "0-8", 0, 7.0),
+    ]
+    runs = pd.DataFrame(
+        [{"env": "Hopper-v5", "algorithm": a, "lag": lag, "seed": seed, "final": final} for a, lag, seed, final in rows]
+    )
+    points = study.lag_points(runs, reps=50, rng=np.random.default_rng(0)).set_index(["variant", "lag"])
+    assert sorted(points.index) == [("lagged_ppo", "0"), ("vaco", "0"), ("vaco", "4")]
+    assert points.loc[("vaco", "0"), "n"] == 2 and points.loc[("vaco", "0"), "mean"] == 11.0
