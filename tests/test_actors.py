@@ -7,6 +7,7 @@ import signal
 import tempfile
 import threading
 import time
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +19,8 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
 from sb3_vaco import VACO, LaggedPPO
+from sb3_vaco.common.actors.base import ActorStartupError
+from sb3_vaco.common.actors.worker import load_payload, make_payload
 
 TINY = dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
 ACTORS = dict(n_actors=2, actor_backend_kwargs=dict(n_envs_per_actor=2))
@@ -78,7 +81,7 @@ def learn_recorded(model, total_timesteps: int, action=None) -> Recorder:
     recorder = Recorder(action)
     model.set_logger(configure(None, [""]))
     model.learn(total_timesteps, callback=recorder)
-    assert model._actors is None, "learn() shuts the actors down"
+    assert not model._actors.running, "learn() shuts the actors down"
     assert_all_exited(recorder.pids)
     return recorder
 
@@ -180,7 +183,7 @@ def test_exception_or_ctrl_c_shuts_actors_down(error):
     model = VACO("MlpPolicy", "CartPole-v1", **TINY, **ACTORS)
     with pytest.raises(error):
         model.learn(1024, callback=Recorder(fail))
-    assert model._actors is None and len(pids) == 2
+    assert not model._actors.running and len(pids) == 2
     assert_all_exited(pids)
     assert mp.active_children() == []
 
@@ -191,6 +194,36 @@ def test_error_in_actor_is_raised_in_the_learner():
     with pytest.raises(RuntimeError, match="Actor 0 failed"):
         model.learn(64)
     assert mp.active_children() == []
+
+
+def exit_at_construction():
+    os._exit(3)  # an actor process that dies before its first segment, as one without the __main__ guard does
+
+
+def test_actor_dying_before_its_first_segment_fails_fast():
+    """Not replaced max_restarts times: one prompt error naming the likely cause (the script's main guard)."""
+    settings = dict(env_fn=exit_at_construction, startup_timeout=60.0)
+    model = VACO("MlpPolicy", "CartPole-v1", n_actors=2, actor_backend_kwargs=settings, **TINY)
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ActorStartupError, match="__main__") as error:
+        warnings.simplefilter("always")
+        model.learn(64)
+    assert time.monotonic() - start < 30
+    assert "exit code 3" in str(error.value) and "max_restarts" not in str(error.value)
+    assert not [w for w in caught if "replacement" in str(w.message)], "no actor was replaced"
+    assert not model._actors.running and mp.active_children() == []
+
+
+def test_published_parameters_load_from_read_only_arrays_without_warning():
+    """Ray hands the actors the published payload as read-only arrays: loading it must not warn (th.as_tensor would)."""
+    source, target = (VACO("MlpPolicy", "CartPole-v1", **{**TINY, "seed": seed}).policy for seed in (0, 1))
+    payload = make_payload(source, None)
+    for array in payload.values():
+        array.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_payload(payload, target, None)
+    assert all(th.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values(), strict=True))
 
 
 def test_callbacks_count_transitions(tmp_path):
@@ -215,11 +248,11 @@ def test_save_load_excludes_the_actors(tmp_path):
     model = VACO("MlpPolicy", "CartPole-v1", **TINY, **ACTORS).learn(128)
     model.save(tmp_path / "model")
     loaded = VACO.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=1))
-    assert loaded.n_actors == 2 and loaded._actors is None and loaded.rollout_buffer.n_envs == 4
+    assert loaded.n_actors == 2 and not loaded._actors.running and loaded.rollout_buffer.n_envs == 4
     loaded.learn(128, reset_num_timesteps=False)
     assert loaded.num_timesteps == 256
     synchronous = VACO.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=1), n_actors=0)
-    assert synchronous.rollout_buffer.n_envs == 1
+    assert synchronous.rollout_buffer.n_envs == 1 and synchronous._actors is None
     synchronous.learn(64)
 
 

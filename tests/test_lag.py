@@ -1,4 +1,5 @@
 import copy
+import random
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_vaco import VACO, LaggedPPO
-from sb3_vaco.common.lag import PolicyLag, parse_policy_lag
+from sb3_vaco.common.lag import PolicyLag, SnapshotRing, parse_policy_lag
 
 TINY = dict(n_steps=16, batch_size=16, n_epochs=2, learning_rate=1e-2, policy_kwargs=dict(net_arch=[16]), seed=0)
 
@@ -105,20 +106,79 @@ def test_per_env_staleness_ranges_mix_versions_in_one_batch():
 
 def test_lag_zero_copies_nothing():
     model, _ = train_recorded(VACO, 0)
-    assert len(model._policy_lag.snapshots) == 0 and model._policy_lag._behavior_pool == []
+    assert len(model._policy_lag.ring) == 0 and model._policy_lag._behavior_pool == []
 
 
 def test_ring_keeps_only_the_needed_snapshots():
     model, _ = train_recorded(LaggedPPO, 2, n_rollouts=7)
-    assert [version for version, _, _ in model._policy_lag.snapshots] == [4, 5, 6]
+    assert model._policy_lag.ring.versions == [4, 5, 6]
 
 
 def test_version_does_not_advance_without_an_update():
-    lag = PolicyLag(2, seed=0)
     model = VACO("MlpPolicy", "CartPole-v1", **TINY)
+    lag = PolicyLag(2, model.policy, seed=0)
     for _ in range(3):
-        lag.start_rollout(model.policy, n_updates=0, n_envs=1)
-    assert lag.version == 0 and len(lag.snapshots) == 1
+        lag.start_rollout(n_updates=0, n_envs=1)
+    assert lag.version == 0 and len(lag.ring) == 1
+
+
+def test_snapshot_ring():
+    """The one ring of the package (SB3 algorithms and the LLM trainer): select, drop_before, capacity, device."""
+    model = th.nn.Linear(2, 1)
+    ring = SnapshotRing(device="cpu")
+    for version in (0, 4, 8):
+        with th.no_grad():
+            model.weight.fill_(version)
+        ring.push(version, model)
+    assert ring[4]["weight"].eq(4).all() and not model.weight.eq(4).all()  # copies, not the live parameters
+    version, params = ring.select(-3)  # nothing that old: the oldest
+    assert version == 0 and params["weight"].eq(0).all()
+    version, params = ring.select(6)
+    assert version == 4 and params["weight"].eq(4).all()
+    assert ring.versions == [0, 4, 8], "select() drops nothing"
+    ring.drop_before(version)
+    assert ring.versions == [4, 8]
+
+    bounded = SnapshotRing(capacity=2)
+    for version in range(4):
+        bounded.push(version, model)
+    assert bounded.versions == [2, 3]
+    restored = SnapshotRing(capacity=1)
+    restored.load_state_dict(bounded.state_dict())
+    assert restored.versions == [3] and th.equal(restored[3]["bias"], model.bias)
+
+
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+@pytest.mark.parametrize("policy_lag", [2, (0, 2)])
+def test_resumed_run_continues_under_the_same_lag(algo, policy_lag, tmp_path):
+    """save → load → learn(reset_num_timesteps=False) makes the updates of uninterrupted training: the ring is saved."""
+    n_envs, steps = 2, TINY["n_steps"] * 2
+
+    def trained():
+        model = algo("MlpPolicy", make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), policy_lag=policy_lag, **TINY)
+        model.set_logger(configure(None, [""]))
+        return model.learn(4 * steps)
+
+    uninterrupted = trained().learn(3 * steps, reset_num_timesteps=False)
+
+    model = trained()
+    model.save(tmp_path / "model")
+    # load() reseeds the global RNGs (SB3's _setup_model) and initializes a policy: give them back the state they had,
+    # as the uninterrupted run has them, so that what is compared is the model's own state.
+    global_rngs = th.get_rng_state(), np.random.get_state(), random.getstate()
+    resumed = algo.load(tmp_path / "model", env=model.get_env(), force_reset=False)
+    th.set_rng_state(global_rngs[0])
+    np.random.set_state(global_rngs[1])
+    random.setstate(global_rngs[2])
+    assert resumed._policy_lag.ring.versions == model._policy_lag.ring.versions == [1, 2, 3]
+    resumed.set_logger(configure(None, [""]))
+    resumed.learn(3 * steps, reset_num_timesteps=False)
+
+    assert resumed.num_timesteps == uninterrupted.num_timesteps
+    assert resumed._policy_lag.version == uninterrupted._policy_lag.version
+    np.testing.assert_array_equal(resumed.rollout_buffer.behavior_versions, uninterrupted.rollout_buffer.behavior_versions)
+    for a, b in zip(uninterrupted.policy.state_dict().values(), resumed.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b)
 
 
 @pytest.mark.parametrize("policy_lag", [-1, (3, 1), (-1, 2), (1, 2, 3), 1.5, "4", None, True])

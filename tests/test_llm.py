@@ -1,4 +1,5 @@
-"""The LLM extra: the token-level TV filter in closed form, the snapshot ring, and the TRL trainer on a tiny model."""
+"""The LLM extra: the token-level TV filter in closed form and the TRL trainer on a tiny model (its snapshot ring,
+shared with the SB3 algorithms, is tested in test_lag.py)."""
 
 import os
 
@@ -14,7 +15,7 @@ from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback
 
 from sb3_vaco.common.losses import tv_filtered_surrogate
-from sb3_vaco.llm import SnapshotRing, VACOGRPOConfig, VACOGRPOTrainer, masked_tv_filtered_surrogate
+from sb3_vaco.llm import VACOGRPOConfig, VACOGRPOTrainer, masked_tv_filtered_surrogate
 from sb3_vaco.llm.math_task import (
     build_tiny_model,
     build_tokenizer,
@@ -82,20 +83,6 @@ def test_sequence_level_ratio():
     out = masked_tv_filtered_surrogate(ratio, ADVANTAGES, 0.1, TOKEN_MASK)
     assert out.tv_estimate.item() == pytest.approx(0.5 * (0.6 + 0.1) / 2)
     assert th.equal(out.mask, th.tensor([[0.0], [0.0]]))  # both push away: +1·0.6 > 0, −1·(−0.1) > 0
-
-
-def test_snapshot_ring():
-    model = th.nn.Linear(2, 1)
-    ring = SnapshotRing()
-    for version in (0, 4, 8):
-        with th.no_grad():
-            model.weight.fill_(version)
-        ring.push(version, model)
-    version, params = ring.select(-3)  # nothing that old: the oldest
-    assert version == 0 and params["weight"].eq(0).all()
-    version, params = ring.select(6)
-    assert version == 4 and params["weight"].eq(4).all()
-    assert ring.versions == [4, 8]  # older ones dropped
 
 
 def test_extract_answer():

@@ -1,30 +1,36 @@
 """
-Injected policy lag: which policy acts in each env. One place, shared by VACO and LaggedPPO.
+Injected policy lag: which policy acts in each env. One place, shared by VACO and LaggedPPO (and, for its snapshot
+ring, by the LLM trainer ``sb3_vaco.llm.VACOGRPOTrainer``).
 
 ``policy_lag=K`` makes every env act with the learner's parameters from K updates ago;
 ``policy_lag=(K_min, K_max)`` gives each env (actor) its own staleness, drawn uniformly per rollout,
 so one batch mixes several policy versions, as independent actors with random delays would.
 
-``n_actors > 0`` replaces the injected lag by real asynchronous actors (``sb3_vaco/common/actors/``): the lag is then
-whatever the actors' speed and the learner's update time make it.
+Here: the snapshot ring (:class:`SnapshotRing`), the staleness draws and acting policies (:class:`PolicyLag`, saved
+with the model), and the one marked copy of SB3's ``collect_rollouts`` (:class:`LaggedOnPolicyAlgorithm`).
+``n_actors > 0`` replaces the injected lag by real asynchronous actors (``sb3_vaco/common/actors/``, held as
+``model._actors``): the lag is then whatever the actors' speed and the learner's update time make it.
 """
 
-from collections import deque
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs
+from stable_baselines3.common.save_util import load_from_zip_file
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, TensorDict
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
+from torch import nn
 
-from sb3_vaco.common.actors.base import ActorSettings, parse_actor_settings, pickle_env_fn
-from sb3_vaco.common.actors.pool import ActorPool, ActorProgressBarCallback, vec_wrappers_of
+from sb3_vaco.common.actors.base import ActorSettings, parse_actor_settings
+from sb3_vaco.common.actors.pool import ActorPool
+from sb3_vaco.common.actors.steps import env_actions, time_limit_truncations
 from sb3_vaco.common.buffers import LaggedDictRolloutBuffer, LaggedRolloutBuffer, Observation
 from sb3_vaco.common.losses import MAX_LOG_RATIO
 
@@ -63,9 +69,88 @@ def _index_obs(obs: PyTorchObs, env_indices: th.Tensor) -> PyTorchObs:
     return obs[env_indices]
 
 
+class SnapshotRing:
+    """
+    Parameter snapshots of a module (its ``state_dict()``: parameters and buffers), keyed by *version*, an int that
+    only grows (the SB3 algorithms: one version per update; the LLM trainer: the optimizer step).
+
+    :meth:`select` gives the snapshot to act with for a wanted version: the newest one not newer than it, or the
+    oldest one when none is that old (early in training). Old snapshots go when ``capacity`` is exceeded on
+    :meth:`push` (SB3: ``K_max + 1`` versions are all that can act) or by :meth:`drop_before` (the LLM trainer, whose
+    requests never go back in time).
+
+    :param capacity: keep at most this many snapshots, dropping the oldest on :meth:`push` (None: no limit)
+    :param device: where the snapshots are stored; None: on each tensor's own device; ``"cpu"``: a stale copy of an
+        accelerator model costs host memory, not accelerator memory
+    """
+
+    def __init__(self, capacity: int | None = None, device: str | th.device | None = None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"`capacity` must be None or >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self.device = None if device is None else th.device(device)
+        self._snapshots: dict[int, dict[str, th.Tensor]] = {}
+
+    @property
+    def versions(self) -> list[int]:
+        """The stored versions, oldest first."""
+        return sorted(self._snapshots)
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._snapshots
+
+    def __getitem__(self, version: int) -> dict[str, th.Tensor]:
+        """The snapshot of exactly ``version``."""
+        return self._snapshots[version]
+
+    @th.no_grad()
+    def push(self, version: int, module: nn.Module) -> None:
+        """Store a copy of ``module``'s parameters and buffers as ``version``."""
+        self._snapshots[version] = {
+            name: tensor.detach().clone() if self.device is None else tensor.detach().to(self.device, copy=True)
+            for name, tensor in module.state_dict().items()
+        }
+        while self.capacity is not None and len(self._snapshots) > self.capacity:
+            del self._snapshots[min(self._snapshots)]
+
+    def select(self, target_version: int) -> tuple[int, dict[str, th.Tensor]]:
+        """
+        The snapshot to act with when the wanted version is ``target_version``: the newest one with a version
+        ``<= target_version``, or the oldest one if there is none.
+
+        :return: ``(version, state_dict)``
+        """
+        if not self._snapshots:
+            raise RuntimeError("SnapshotRing.select() called before any snapshot was pushed")
+        versions = self.versions
+        eligible = [version for version in versions if version <= target_version]
+        version = eligible[-1] if eligible else versions[0]
+        return version, self._snapshots[version]
+
+    def drop_before(self, version: int) -> None:
+        """Drop every snapshot older than ``version``."""
+        for old in [v for v in self._snapshots if v < version]:
+            del self._snapshots[old]
+
+    def state_dict(self) -> dict[int, dict[str, th.Tensor]]:
+        """``{version: state_dict}`` (the stored tensors themselves, not copies)."""
+        return dict(self._snapshots)
+
+    def load_state_dict(self, state: dict[int, dict[str, th.Tensor]]) -> None:
+        """Replace the snapshots by ``state`` (of :meth:`state_dict`), keeping the newest ``capacity`` ones."""
+        self._snapshots = {}
+        for version in sorted(state)[-self.capacity :] if self.capacity is not None else sorted(state):
+            self._snapshots[int(version)] = {
+                name: tensor if self.device is None else tensor.to(self.device) for name, tensor in state[version].items()
+            }
+
+
 class PolicyLag:
     """
-    Keeps a ring of the learner's last ``K_max + 1`` parameter snapshots and decides, per rollout,
+    Keeps a :class:`SnapshotRing` of the learner's last ``K_max + 1`` parameter snapshots and decides, per rollout,
     which snapshot acts in each env.
 
     A new *version* starts each time the learner's parameters have been updated (detected through the
@@ -73,19 +158,23 @@ class PolicyLag:
     version ``current − k``; early in training, when fewer versions exist, the oldest one acts.
     With ``K_max = 0`` the learner itself acts and nothing is copied.
 
+    Saved with the model (:meth:`state_dict`: versions, snapshots, the staleness generator), so that training
+    resumed from a saved model continues under the same lag.
+
     :param policy_lag: ``K`` or ``(K_min, K_max)``
+    :param learner: the learner's policy
     :param seed: seed of the staleness draws (independent of the global RNGs, so ``K = 0`` changes nothing)
     """
 
-    def __init__(self, policy_lag: PolicyLagSpec, seed: int | None = None) -> None:
+    def __init__(self, policy_lag: PolicyLagSpec, learner: ActorCriticPolicy, seed: int | None = None) -> None:
         self.min_lag, self.max_lag = parse_policy_lag(policy_lag)
+        self.learner = learner
         self.rng = np.random.default_rng(seed)
         self.version = -1
         self._last_n_updates: int | None = None
-        # (version, n_updates at that version, parameters)
-        self.snapshots: deque[tuple[int, int, dict[str, th.Tensor]]] = deque(maxlen=self.max_lag + 1)
+        self.ring = SnapshotRing(capacity=self.max_lag + 1)
+        self.version_n_updates: dict[int, int] = {}  # version -> learner's n_updates at that version, for the ring's
         self._behavior_pool: list[ActorCriticPolicy] = []
-        self.learner: ActorCriticPolicy | None = None
         # Per rollout: the acting policies and the envs each one acts in.
         self.groups: list[tuple[ActorCriticPolicy, th.Tensor]] = []
         self.env_versions = np.zeros(0, dtype=np.int64)
@@ -95,15 +184,15 @@ class PolicyLag:
     def enabled(self) -> bool:
         return self.max_lag > 0
 
-    def start_rollout(self, learner: ActorCriticPolicy, n_updates: int, n_envs: int) -> None:
+    def start_rollout(self, n_updates: int, n_envs: int) -> None:
         """Record the learner's current version and draw which version acts in each env for this rollout."""
-        self.learner = learner
+        learner = self.learner
         if n_updates != self._last_n_updates:
             self.version += 1
             self._last_n_updates = n_updates
             if self.enabled:
-                params = {name: tensor.detach().clone() for name, tensor in learner.state_dict().items()}
-                self.snapshots.append((self.version, n_updates, params))
+                self.ring.push(self.version, learner)
+                self.version_n_updates = {v: self.version_n_updates.get(v, n_updates) for v in self.ring.versions}
 
         if not self.enabled:
             self.groups = [(learner, th.arange(n_envs, device=learner.device))]
@@ -112,28 +201,56 @@ class PolicyLag:
             return
 
         staleness = self.rng.integers(self.min_lag, self.max_lag + 1, size=n_envs)
-        oldest_version = self.snapshots[0][0]
-        self.env_versions = np.maximum(self.version - staleness, oldest_version)
+        # The ring holds consecutive versions: the oldest acts where the wanted one is older (SnapshotRing.select).
+        self.env_versions = np.maximum(self.version - staleness, self.ring.versions[0])
         self.groups = []
         self.env_lag_epochs = np.zeros(n_envs, dtype=np.int64)
         for slot, version in enumerate(np.unique(self.env_versions)):
-            _, version_n_updates, params = self.snapshots[version - oldest_version]
             env_indices = np.flatnonzero(self.env_versions == version)
-            self.env_lag_epochs[env_indices] = n_updates - version_n_updates
-            behavior = learner if version == self.version else self._behavior_policy(slot, learner)
+            self.env_lag_epochs[env_indices] = n_updates - self.version_n_updates[int(version)]
+            behavior = learner if version == self.version else self._behavior_policy(slot)
             if behavior is not learner:
-                behavior.load_state_dict(params)
+                behavior.load_state_dict(self.ring[int(version)])
             self.groups.append((behavior, th.as_tensor(env_indices, device=learner.device)))
 
-    def _behavior_policy(self, slot: int, learner: ActorCriticPolicy) -> ActorCriticPolicy:
+    def _behavior_policy(self, slot: int) -> ActorCriticPolicy:
         # A separate module per acting version: SB3 policies keep one distribution object per module,
         # so a stale policy cannot be a second call on the learner.
         while len(self._behavior_pool) <= slot:
-            policy = learner.__class__(**learner._get_constructor_parameters()).to(learner.device)
+            policy = self.learner.__class__(**self.learner._get_constructor_parameters()).to(self.learner.device)
             policy.set_training_mode(False)
             policy.requires_grad_(False)
             self._behavior_pool.append(policy)
         return self._behavior_pool[slot]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue under the same lag (tensors, ints and strings only: ``th.save``-able)."""
+        return {
+            "version": self.version,
+            "last_n_updates": self._last_n_updates,
+            "snapshots": self.ring.state_dict(),
+            "version_n_updates": dict(self.version_n_updates),
+            "rng": self.rng.bit_generator.state,
+            # Rebuilt at load: building one draws from the global RNG (parameter init), which the uninterrupted run
+            # did when it first needed it, not at its next rollout.
+            "n_behavior_policies": len(self._behavior_pool),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """
+        Restore :meth:`state_dict`. With a different ``policy_lag`` than the saved one, the newest ``K_max + 1``
+        snapshots are kept.
+
+        :param state: what :meth:`state_dict` returned
+        :param strict: unused (SB3's ``set_parameters()`` passes it to every object it loads)
+        """
+        self.version = int(state["version"])
+        self._last_n_updates = None if state["last_n_updates"] is None else int(state["last_n_updates"])
+        self.ring.load_state_dict(state["snapshots"])
+        self.version_n_updates = {int(v): int(n) for v, n in state["version_n_updates"].items() if int(v) in self.ring}
+        self.rng.bit_generator.state = state["rng"]
+        if state["n_behavior_policies"] > 0:
+            self._behavior_policy(int(state["n_behavior_policies"]) - 1)
 
     def reset_noise(self) -> None:
         """Resample gSDE exploration noise of every acting policy (each for the envs it acts in)."""
@@ -171,6 +288,12 @@ class PolicyLag:
                 values[rows] = policy.predict_values(_index_obs(obs, rows))
         return values
 
+    def terminal_value(self, env_idx: int, terminal_observation: Observation) -> th.Tensor:
+        """``V_μ(terminal observation)`` of the policy that acts in env ``env_idx`` (SB3's timeout bootstrap)."""
+        terminal_obs = self.learner.obs_to_tensor(terminal_observation)[0]
+        with th.no_grad():
+            return self.predict_values(terminal_obs, th.tensor([env_idx], device=self.learner.device))[0]
+
 
 class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     """
@@ -184,8 +307,9 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     collection time (SB3's way, what naive asynchronous PPO does); ``True`` keeps the terminal observation
     in the buffer so the learner's critic can bootstrap at train time (VACO).
 
-    With ``n_actors > 0`` the rollouts come from asynchronous actors instead (see ``docs/actors.md``);
-    the subclass passes ``n_actors``, ``actor_backend`` and ``actor_backend_kwargs`` to this constructor.
+    With ``n_actors > 0`` the rollouts come from asynchronous actors instead (``model._actors``, an
+    :class:`~sb3_vaco.common.actors.pool.ActorPool`; see ``docs/actors.md``); the subclass passes ``n_actors``,
+    ``actor_backend`` and ``actor_backend_kwargs`` to this constructor.
 
     :param policy: the policy model to use
     :param env: the environment to learn from (with actors: also what the actors build, if it is an env id)
@@ -231,9 +355,30 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             raise ValueError(
                 f"`rollout_buffer_class` must be a subclass of LaggedRolloutBuffer, got {self.rollout_buffer_class.__name__}"
             )
-        self._policy_lag = PolicyLag(self.policy_lag, seed=self.seed)
+        self._policy_lag = PolicyLag(self.policy_lag, self.policy, seed=self.seed)
         # Mean staleness (in policy versions) of the samples in the current rollout, measured at collection.
         self._rollout_policy_lag = 0.0
+
+    def _setup_actors(self) -> None:
+        """With ``n_actors > 0``: the actors (checked now, started by ``learn()``); the buffer's columns are their envs."""
+        self._actor_settings = parse_actor_settings(self.n_actors, self.actor_backend, self.actor_backend_kwargs)
+        self._actors = None
+        if self.n_actors == 0:
+            return
+        if parse_policy_lag(self.policy_lag) != (0, 0):
+            raise ValueError(
+                f"`policy_lag` must be 0 when n_actors > 0 (the actors' lag is real, not injected), got {self.policy_lag!r}"
+            )
+        self._actors = ActorPool(self._actor_settings, self._actor_env_id)
+        self._actors.check_env(self.env)
+        self.n_envs = self._actors.n_envs
+
+    def _rollout_n_envs(self) -> int:
+        """Columns of the rollout buffer: the envs of all actors with actors, else the env's."""
+        if self.n_actors > 0:
+            return self._actor_settings.n_envs
+        assert self.env is not None
+        return self.env.num_envs
 
     def _learner_tv_to_behavior(self) -> float:
         """``½·mean|π_T/μ − 1|`` over the rollout: how far the learner is from the policies that acted."""
@@ -262,10 +407,35 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             log_probs[rows] = chunk_log_probs.cpu().numpy()
         return values, log_probs
 
+    # ----- save / load: the lag ring is saved with the model ------------------------------------------------------
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        # The ring is saved like the policy's state_dict (`_policy_lag.pth` in the zip; PolicyLag.state_dict /
+        # load_state_dict), so that a run resumed with `reset_num_timesteps=False` continues under the same lag.
+        state_dicts, torch_variables = super()._get_torch_save_params()
+        return [*state_dicts, "_policy_lag"], torch_variables
+
+    def set_parameters(
+        self,
+        load_path_or_dict: str | TensorDict,
+        exact_match: bool = True,
+        device: th.device | str = "auto",
+    ) -> None:
+        """SB3's ``set_parameters()``; parameters saved without a lag ring (models saved before it was) keep this one."""
+        params: dict[str, Any]
+        if isinstance(load_path_or_dict, dict):
+            params = load_path_or_dict
+        else:
+            _, params, _ = load_from_zip_file(load_path_or_dict, device=device, load_data=False)
+        if "_policy_lag" not in params:
+            params = {**params, "_policy_lag": self._policy_lag.state_dict()}
+        super().set_parameters(params, exact_match, device)
+
     def _excluded_save_params(self) -> list[str]:
-        # The snapshot ring and the actors are runtime state: after `load()`, lag builds up again from the loaded
-        # parameters, and actors start at the next `learn()`.
+        # The actors are runtime state: a loaded model starts new ones at its next `learn()`.
         return [*super()._excluded_save_params(), "_policy_lag", "_rollout_policy_lag", "_actors", "_actor_settings"]
+
+    # ----- collection ---------------------------------------------------------------------------------------------
 
     def collect_rollouts(
         self,
@@ -278,17 +448,17 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         ``OnPolicyAlgorithm.collect_rollouts`` with the acting policy chosen by :class:`PolicyLag`.
         Copied from SB3 2.9 because SB3 offers no hook for the acting policy; the changes are marked ``lag:``.
         With ``policy_lag=0`` it makes exactly the same calls, in the same order, as SB3's.
-        With ``n_actors > 0`` the rollout comes from the actors instead (:meth:`_collect_rollouts_from_actors`).
+        With ``n_actors > 0`` the rollout comes from the actors instead (:meth:`ActorPool.collect_rollouts`).
         """
-        if self.n_actors > 0:
-            return self._collect_rollouts_from_actors(callback, rollout_buffer)
-        assert self._last_obs is not None, "No previous observation was provided"
         assert isinstance(rollout_buffer, LaggedRolloutBuffer)
+        if self._actors is not None:
+            return self._actors.collect_rollouts(self, callback, rollout_buffer)
+        assert self._last_obs is not None, "No previous observation was provided"
         lag: PolicyLag = self._policy_lag
         # Switch to eval mode (this affects batch norm / dropout)
         self.policy.set_training_mode(False)
         # lag: choose the acting policy of each env for this rollout
-        lag.start_rollout(self.policy, self._n_updates, env.num_envs)
+        lag.start_rollout(self._n_updates, env.num_envs)
 
         n_steps = 0
         rollout_buffer.reset()
@@ -309,62 +479,29 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
                 action_tensor, values, log_probs = lag.act(obs_tensor)  # lag: behavior policies act
             actions = action_tensor.cpu().numpy()
 
-            # Rescale and perform action
-            clipped_actions = actions
-
-            if isinstance(self.action_space, spaces.Box):
-                if self.policy.squash_output:
-                    # Unscale the actions to match env bounds
-                    # if they were previously squashed (scaled in [-1, 1])
-                    clipped_actions = self.policy.unscale_action(clipped_actions)
-                else:
-                    # Otherwise, clip the actions to avoid out of bound error
-                    # as we are sampling from an unbounded Gaussian distribution
-                    clipped_actions = np.clip(actions, self.action_space.low, self.action_space.high)
+            # Rescale and perform action (lag: SB3's rescaling / clipping, shared with the actors)
+            clipped_actions = env_actions(self.policy, actions)
 
             new_obs, rewards, dones, infos = env.step(clipped_actions)
 
-            self.num_timesteps += env.num_envs
-
-            # Give access to local variables
-            callback.update_locals(locals())
-            if not callback.on_step():
-                return False
-
-            self._update_info_buffer(infos, dones)
-            n_steps += 1
-
-            if isinstance(self.action_space, spaces.Discrete):
-                # Reshape in case of discrete action
-                actions = actions.reshape(-1, 1)
-
-            # Handle timeout by bootstrapping with value function
-            # see GitHub issue #633
-            for idx, done in enumerate(dones):
-                if (
-                    done
-                    and infos[idx].get("terminal_observation") is not None
-                    and infos[idx].get("TimeLimit.truncated", False)
-                ):
-                    if self.bootstrap_at_train_time:
-                        # lag: keep the observation, the learner's critic bootstraps it at train time
-                        rollout_buffer.add_truncation(idx, infos[idx]["terminal_observation"])
-                        continue
-                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-                    with th.no_grad():
-                        # lag: the critic of the policy that acted in this env
-                        terminal_value = lag.predict_values(terminal_obs, th.tensor([idx], device=self.device))[0]
-                    rewards[idx] += self.gamma * terminal_value
-
-            rollout_buffer.add(
+            # lag: the rest of SB3's step (callbacks, episode infos, truncations, add) is shared with the actors' replay
+            if not self._store_step(
+                callback,
+                locals(),
+                rollout_buffer,
                 self._last_obs,  # type: ignore[arg-type]
                 actions,
                 rewards,
                 self._last_episode_starts,  # type: ignore[arg-type]
+                dones,
+                infos,
                 values,
                 log_probs,
-                behavior_version=lag.env_versions,  # lag: which policy version acted
-            )
+                lag.env_versions,  # lag: which policy version acted
+                lag.terminal_value,  # lag: the critic of the policy that acted in the env
+            ):
+                return False
+            n_steps += 1
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
 
@@ -374,7 +511,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         rollout_buffer.set_bootstrap(new_obs, dones)  # type: ignore[arg-type]  # lag: for re-estimation at train time
-        self._record_lag(lag)
+        self._record_lag_stats(lag.version, lag.version - lag.env_versions, lag.env_lag_epochs)  # lag
 
         callback.update_locals(locals())
 
@@ -382,9 +519,75 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
         return True
 
-    def _record_lag(self, lag: PolicyLag) -> None:
-        """Log the measured staleness of this rollout, in policy versions and in gradient steps."""
-        self._record_lag_stats(lag.version, lag.version - lag.env_versions, lag.env_lag_epochs)
+    def _store_step(
+        self,
+        callback: BaseCallback,
+        step_locals: dict[str, Any],
+        rollout_buffer: LaggedRolloutBuffer,
+        observations: Observation,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        episode_starts: np.ndarray,
+        dones: np.ndarray,
+        infos: list[dict[str, Any]],
+        values: th.Tensor,
+        log_probs: th.Tensor,
+        behavior_versions: np.ndarray,
+        behavior_terminal_value: Callable[[int, Observation], th.Tensor | float],
+    ) -> bool:
+        """
+        SB3's step loop after ``env.step()`` (``OnPolicyAlgorithm.collect_rollouts``, SB3 2.9, where it is inline),
+        for the synchronous rollout and the replay of actor segments alike: count the transitions, call the callbacks,
+        update the episode-info buffer, handle time-limit truncations, add the step to the buffer.
+
+        :param callback: the rollout's callback
+        :param step_locals: the caller's ``locals()`` (what the callbacks see as ``self.locals``)
+        :param rollout_buffer: the buffer
+        :param observations: the observations the policies acted on
+        :param actions: the actions as sampled
+        :param rewards: the env rewards (a time-limit bootstrap is added in place)
+        :param episode_starts: whether each observation starts an episode
+        :param dones: the ``dones`` of the step
+        :param infos: its ``infos``
+        :param values: behavior critic values of ``observations``
+        :param log_probs: behavior log-probs of ``actions``
+        :param behavior_versions: the policy version that acted, per env
+        :param behavior_terminal_value: ``(env index, terminal observation) -> V_μ(terminal observation)`` of the
+            policy that acted in that env (used when truncations are bootstrapped at collection time)
+        :return: False if a callback stopped training
+        """
+        self.num_timesteps += len(dones)
+
+        # Give access to local variables
+        callback.update_locals(step_locals)
+        if not callback.on_step():
+            return False
+
+        self._update_info_buffer(infos, dones)
+
+        if isinstance(self.action_space, spaces.Discrete):
+            # Reshape in case of discrete action
+            actions = actions.reshape(-1, 1)
+
+        # Handle timeout by bootstrapping with value function
+        # see GitHub issue #633
+        for idx, terminal_obs in time_limit_truncations(dones, infos):
+            if self.bootstrap_at_train_time:
+                # lag: keep the observation, the learner's critic bootstraps it at train time
+                rollout_buffer.add_truncation(idx, terminal_obs)
+            else:
+                rewards[idx] += self.gamma * behavior_terminal_value(idx, terminal_obs)
+
+        rollout_buffer.add(
+            observations,  # type: ignore[arg-type]
+            actions,
+            rewards,
+            episode_starts,
+            values,
+            log_probs,
+            behavior_version=behavior_versions,  # lag: which policy version acted
+        )
+        return True
 
     def _record_lag_stats(self, version: int, versions_behind: np.ndarray, lag_epochs: np.ndarray) -> None:
         """Log the staleness per env column: in policy versions, and in gradient steps (epochs × minibatches per epoch)."""
@@ -395,122 +598,12 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         self.logger.record("rollout/policy_lag_max", int(np.max(versions_behind)))
         self.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag_epochs)) * minibatches_per_epoch)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Asynchronous actors (n_actors > 0); see sb3_vaco/common/actors/ and docs/actors.md
-
-    def _setup_actors(self) -> None:
-        """Validate the actor settings; with actors, the buffer's columns are the actors' envs."""
-        self._actor_settings = parse_actor_settings(self.n_actors, self.actor_backend, self.actor_backend_kwargs)
-        self._actors = None
-        if self.n_actors == 0:
-            return
-        if parse_policy_lag(self.policy_lag) != (0, 0):
-            raise ValueError(
-                f"`policy_lag` must be 0 when n_actors > 0 (the actors' lag is real, not injected), got {self.policy_lag!r}"
-            )
-        self.n_envs = self._actor_settings.n_envs
-        if self.env is not None:
-            self._actor_env_fn()
-            vec_wrappers_of(self.env)
-
-    def _rollout_n_envs(self) -> int:
-        """Columns of the rollout buffer: the envs of all actors with actors, else the env's."""
-        if self.n_actors > 0:
-            return self._actor_settings.n_envs
-        assert self.env is not None
-        return self.env.num_envs
-
-    def _actor_env_fn(self) -> Any:
-        """The env id or factory the actors build their envs from (checked to be picklable)."""
-        env_fn = self._actor_settings.env_fn if self._actor_settings.env_fn is not None else self._actor_env_id
-        if env_fn is None:
-            hint = ""
-            try:
-                spec = self.env.get_attr("spec", indices=[0])[0] if self.env is not None else None
-                hint = f", e.g. actor_backend_kwargs={{'env_fn': {spec.id!r}}}" if spec is not None else ""
-            except Exception:  # the env has no registered spec: no hint
-                pass
-            raise ValueError(
-                "With n_actors > 0 the actors build their own envs: pass `env` as an env id string, or an env factory as "
-                f"actor_backend_kwargs={{'env_fn': ...}} (an env id or a picklable callable returning a gym.Env){hint}"
-            )
-        pickle_env_fn(env_fn)
-        return env_fn
-
-    def _collect_rollouts_from_actors(self, callback: BaseCallback, rollout_buffer: RolloutBuffer) -> bool:
-        """
-        ``collect_rollouts`` with asynchronous actors: publish the learner's parameters if it was updated since the
-        last batch, take the next ``n_actors`` segments (whichever actors and versions produced them), then replay
-        them step by step into the buffer exactly as a synchronous rollout of ``n_actors * n_envs_per_actor`` envs is
-        stored: the same ``add()`` calls and truncation handling, the episode-info buffer, and ``callback.on_step()``
-        once per step row (``num_timesteps`` advanced by the ``n_envs`` transitions of the row). The callbacks thus
-        run in a burst once the batch has arrived; returning False stops training as usual.
-        """
-        assert isinstance(rollout_buffer, LaggedRolloutBuffer) and self.env is not None
-        if self._actors is None:
-            self._actors = ActorPool(
-                self._actor_settings,
-                self._actor_env_fn(),
-                self.env,
-                self.policy,
-                self.n_steps,
-                self.use_sde,
-                self.sde_sample_freq,
-                self.seed,
-            )
-        pool = self._actors
-        self.policy.set_training_mode(False)
-        vec_normalize = self.get_vec_normalize_env()
-        pool.publish(self.policy, self._n_updates, vec_normalize)  # a new version after every train()
-        rollout_buffer.reset()
-        callback.on_rollout_start()
-        batch = pool.collect(self.n_actors, vec_normalize)
-
-        for step in range(self.n_steps):
-            rewards = batch.rewards[step].copy()
-            dones = batch.dones[step]
-            infos = batch.infos(step)
-            self.num_timesteps += batch.n_envs
-            callback.update_locals(locals())
-            if not callback.on_step():
-                return False
-            self._update_info_buffer(infos, dones)
-            actions = batch.actions[step]
-            if isinstance(self.action_space, spaces.Discrete):
-                actions = actions.reshape(-1, 1)
-            for idx, info in enumerate(infos):
-                if "terminal_observation" in info:  # time-limit truncations only
-                    if self.bootstrap_at_train_time:
-                        rollout_buffer.add_truncation(idx, info["terminal_observation"])
-                    else:
-                        rewards[idx] += self.gamma * batch.truncations[(step, idx)][1]  # the behavior critic's value
-            rollout_buffer.add(
-                batch.observations_at(step),
-                actions,
-                rewards,
-                batch.episode_starts[step],
-                th.as_tensor(batch.values[step]),
-                th.as_tensor(batch.log_probs[step]),
-                behavior_version=batch.versions,
-            )
-
-        rollout_buffer.compute_returns_and_advantage(last_values=th.as_tensor(batch.last_values), dones=batch.last_dones)
-        rollout_buffer.set_bootstrap(batch.last_observations, batch.last_dones)
-        lag_epochs = self._n_updates - np.array([pool.version_n_updates[version] for version in batch.versions])
-        self._record_lag_stats(pool.version, pool.version - batch.versions, lag_epochs)
-        self.logger.record("rollout/actor_restarts", pool.restarts)
-        self.logger.record("rollout/actor_segments_dropped", pool.dropped_segments)
-        self.logger.record("rollout/actor_wait_time", pool.wait_seconds)
-
-        callback.update_locals(locals())
-        callback.on_rollout_end()
-        return True
+    # ----- asynchronous actors (n_actors > 0): the hooks SB3 offers, delegating to ActorPool -------------------------
 
     def close_actors(self) -> None:
         """Stop the actors, if any are running (``learn()`` does it when it returns or raises)."""
         if self._actors is not None:
             self._actors.close()
-            self._actors = None
 
     def learn(self: SelfLaggedOnPolicyAlgorithm, *args: Any, **kwargs: Any) -> SelfLaggedOnPolicyAlgorithm:
         """The parent's ``learn()``; actors (if any) are shut down when it returns or raises, Ctrl-C included."""
@@ -520,23 +613,13 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             self.close_actors()
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
-        if self.n_actors == 0:
+        if self._actors is None:
             super().set_env(env, force_reset)
             return
-        # SB3 requires env.num_envs == n_envs; with actors, n_envs counts the actors' envs, not the learner's env.
-        self.n_envs = env.num_envs if isinstance(env, VecEnv) else 1
-        try:
+        with self._actors.learner_env(self, env):
             super().set_env(env, force_reset)
-            vec_wrappers_of(self.env)  # type: ignore[arg-type]
-        finally:
-            self.n_envs = self._actor_settings.n_envs
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        if not (progress_bar and self.n_actors > 0):
-            return super()._init_callback(callback, progress_bar)
-        # SB3's bar advances by the learner env's num_envs per on_step(); with actors a step row has n_envs transitions.
-        if isinstance(callback, list):
-            callback = CallbackList(callback)
-        if not isinstance(callback, BaseCallback):
-            callback = ConvertCallback(callback)
-        return super()._init_callback(CallbackList([callback, ActorProgressBarCallback()]), progress_bar=False)
+        if progress_bar and self._actors is not None:
+            callback, progress_bar = self._actors.progress_bar_callback(callback), False
+        return super()._init_callback(callback, progress_bar)

@@ -12,11 +12,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, pad
 
-from sb3_vaco.common.losses import safe_ratio
-from sb3_vaco.llm.lag import SnapshotRing
+from sb3_vaco.common.lag import SnapshotRing
+from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio
 from sb3_vaco.llm.losses import masked_tv_filtered_surrogate
-
-TV_REFERENCES = ("behavior", "learner", "decoupled")
 
 
 @dataclass
@@ -124,7 +122,8 @@ class VACOGRPOTrainer(GRPOTrainer):
         self.tv_reference = config.tv_reference
         self.pg_rho_bar = config.pg_rho_bar
         self.policy_lag = config.policy_lag
-        self._snapshots = SnapshotRing() if self.policy_lag > 0 else None
+        # On CPU: a stale copy costs host memory, not accelerator memory.
+        self._snapshots = SnapshotRing(device="cpu") if self.policy_lag > 0 else None
         self._actor: Any = None
         self._actor_version: int | None = None
         self._generation_version = 0
@@ -183,6 +182,7 @@ class VACOGRPOTrainer(GRPOTrainer):
         if images is not None or multimodal_fields:
             raise NotImplementedError("policy_lag is implemented for text-only models")
         version, params = self._snapshots.select(self.state.global_step - self.policy_lag)
+        self._snapshots.drop_before(version)  # requests never go back in time
         self._generation_version = version
         if version == self.state.global_step:  # nothing older yet: the learner acts
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)

@@ -8,6 +8,8 @@ Nothing here imports torch or ray: this module is safe to import anywhere.
 """
 
 import dataclasses
+import time
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -262,6 +264,37 @@ class ActorFailure:
     traceback: str
 
 
+@dataclasses.dataclass
+class ActorExit:
+    """What a backend receives from an actor that died (its channel closed, its Ray actor is gone)."""
+
+    reason: str
+
+
+class ActorStartupError(RuntimeError):
+    """An actor died before it delivered its first segment: actors that cannot start are not restarted."""
+
+
+@dataclasses.dataclass
+class ActorSlot:
+    """
+    One running incarnation of an actor, as the backend-independent loop of :class:`ActorBackend` sees it.
+    Backends subclass it with their handles and channels.
+
+    :param actor_id: index of the actor
+    :param incarnation: how many times this actor was replaced before
+    :param started_at: ``time.time()`` when it was spawned
+    """
+
+    actor_id: int
+    incarnation: int
+    started_at: float
+
+
+_POLL_SECONDS = 0.05
+_HEALTH_CHECK_SECONDS = 0.5
+
+
 class ActorBackend(ABC):
     """
     Runs ``n_actors`` actors and hands their segments to the learner. Implementations: ``process`` and ``ray``.
@@ -270,6 +303,11 @@ class ActorBackend(ABC):
     version available, each actor picks the newest one at the start of its next segment; :meth:`next_segment`
     returns the next finished segment of any actor (oldest first), replacing actors that died or hung meanwhile;
     :meth:`close` stops everything it started, idempotently.
+
+    The receive / health-check / replace / restart loop is this class's (:meth:`next_segment`); a backend implements
+    the primitives: :meth:`_spawn`, :meth:`_kill`, :meth:`_receive`, :meth:`_exit_reason` (is it alive),
+    :meth:`_last_sign_of_life`, :meth:`_has_waiting_output` and :meth:`_pid`. An actor that dies before any of its
+    incarnations delivered a segment is not replaced: :class:`ActorStartupError` (with :meth:`_startup_hint`).
     """
 
     def __init__(self, spec: ActorSpec, settings: ActorSettings) -> None:
@@ -277,6 +315,9 @@ class ActorBackend(ABC):
         self.settings = settings
         self.restarts = 0
         self.events: list[str] = []
+        self._slots: dict[int, Any] = {}  # actor_id -> the backend's ActorSlot
+        self._delivered: set[int] = set()  # actors that delivered at least one segment
+        self._next_health_check = 0.0
 
     @abstractmethod
     def start(self, version: int, payload: Payload) -> None:
@@ -287,21 +328,107 @@ class ActorBackend(ABC):
         """Make new parameters (and normalization statistics) available to the actors."""
 
     @abstractmethod
-    def next_segment(self) -> Segment:
-        """Block until any actor has a segment ready and return it (the one waiting longest first)."""
-
-    @abstractmethod
-    def pids(self) -> dict[int, int]:
-        """``{actor_id: process id}`` of the running actors."""
-
-    @abstractmethod
     def close(self) -> None:
         """Stop all actors (and what the backend started for them)."""
 
-    def _record_restart(self, message: str) -> None:
+    # ----- primitives ---------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def _spawn(self, actor_id: int, incarnation: int) -> Any:
+        """Start an incarnation of actor ``actor_id`` and return its slot (an :class:`ActorSlot`)."""
+
+    @abstractmethod
+    def _kill(self, slot: Any) -> None:
+        """Stop the actor of ``slot`` for good and release its channels (it may be dead already)."""
+
+    @abstractmethod
+    def _receive(self, timeout: float) -> tuple[Any, Segment | ActorFailure | ActorExit] | None:
+        """
+        Wait up to ``timeout`` seconds for any actor's next message, the oldest finished segment first:
+        ``(slot, segment)``, ``(slot, ActorFailure)`` if its code raised, ``(slot, ActorExit)`` if it died; None if none.
+        """
+
+    @abstractmethod
+    def _exit_reason(self, slot: Any) -> str | None:
+        """Why the actor is dead (``"exited (exit code 1)"``), or None while it is alive (as far as can be told)."""
+
+    @abstractmethod
+    def _last_sign_of_life(self, slot: Any) -> float | None:
+        """``time.time()`` of the actor's last sign of life; None until it has started."""
+
+    @abstractmethod
+    def _has_waiting_output(self, slot: Any) -> bool:
+        """Whether a message of the actor is waiting to be received (an actor with output waiting is not hung)."""
+
+    @abstractmethod
+    def _pid(self, slot: Any) -> int | None:
+        """Process id of the actor, if known."""
+
+    def _maintain(self) -> None:  # noqa: B027  (an optional hook, not an abstract primitive)
+        """Backend upkeep at every health check (the process backend retries weights it could not write)."""
+
+    def _startup_hint(self) -> str:
+        """The likely cause of actors dying before their first segment, for :class:`ActorStartupError`."""
+        return ""
+
+    # ----- the loop -----------------------------------------------------------------------------------------------
+
+    def pids(self) -> dict[int, int]:
+        """``{actor_id: process id}`` of the running actors."""
+        return {actor_id: pid for actor_id, slot in self._slots.items() if (pid := self._pid(slot)) is not None}
+
+    def next_segment(self) -> Segment:
+        """Block until any actor has a segment ready and return it (the one waiting longest first)."""
+        while True:
+            if time.monotonic() >= self._next_health_check:
+                self._check_health()
+            received = self._receive(_POLL_SECONDS)
+            if received is None:
+                continue
+            slot, message = received
+            if isinstance(message, ActorExit):
+                self._replace(slot, message.reason, died=True)
+            elif isinstance(message, ActorFailure):
+                raise RuntimeError(f"Actor {message.actor_id} failed:\n{message.traceback}")
+            else:
+                self._delivered.add(slot.actor_id)
+                return message
+
+    def _check_health(self) -> None:
+        """Replace actors that died, never started or stopped giving signs of life."""
+        self._next_health_check = time.monotonic() + _HEALTH_CHECK_SECONDS
+        self._maintain()
+        now = time.time()
+        for slot in list(self._slots.values()):
+            if self._has_waiting_output(slot):
+                continue  # a segment (or the news of a death) is waiting: the next `_receive()` takes it
+            reason = self._exit_reason(slot)
+            if reason is not None:
+                self._replace(slot, reason, died=True)
+                continue
+            last_sign_of_life = self._last_sign_of_life(slot)
+            if last_sign_of_life is None and now - slot.started_at > self.settings.startup_timeout:
+                self._replace(slot, f"did not start within {self.settings.startup_timeout:g} s (startup_timeout)")
+            elif last_sign_of_life is not None and now - last_sign_of_life > self.settings.actor_timeout:
+                self._replace(slot, f"hung (no sign of life for {now - last_sign_of_life:.1f} s > actor_timeout)")
+
+    def _replace(self, slot: Any, reason: str, died: bool = False) -> None:
+        """Kill the actor of ``slot`` and start its next incarnation (or fail fast, or fail after ``max_restarts``)."""
+        description = f"Actor {slot.actor_id} (pid {self._pid(slot)}) {reason}"
+        self._slots.pop(slot.actor_id)
+        self._kill(slot)
+        if died and slot.actor_id not in self._delivered:
+            hint = self._startup_hint()
+            raise ActorStartupError(
+                f"{description} before delivering its first segment; an actor that cannot start is not restarted."
+                + (f" {hint}" if hint else "")
+            )
+        message = f"{description}; starting a replacement"
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.restarts += 1
         self.events.append(message)
         if self.restarts > self.settings.max_restarts:
             raise RuntimeError(
                 f"{message}; {self.restarts} actor replacements exceed max_restarts={self.settings.max_restarts}"
             )
+        self._slots[slot.actor_id] = self._spawn(slot.actor_id, slot.incarnation + 1)

@@ -1,23 +1,33 @@
 """
-The learner's side of the actors: publish parameters, take the next ``n_actors`` segments, assemble them into one
-``[n_steps, n_actors * n_envs_per_actor]`` batch, merge VecNormalize statistics.
+The learner's side of the actors, what a ``LaggedOnPolicyAlgorithm`` holds as ``model._actors`` when ``n_actors > 0``:
+check the setup, start the backend, publish parameters, take the next ``n_actors`` segments, assemble them into one
+``[n_steps, n_actors * n_envs_per_actor]`` batch, replay it into the rollout buffer, merge VecNormalize statistics,
+stop the backend when ``learn()`` ends.
 
 Batching rule: a batch is the next ``n_actors`` segments to arrive, whichever actors and policy versions produced them
 (several may come from one fast actor). The learner therefore never waits for the slowest actor; the price is that
 a batch does not always hold one segment per actor. Each segment occupies its own block of buffer columns.
 """
 
+import contextlib
+import functools
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from stable_baselines3.common.callbacks import ProgressBarCallback
-from stable_baselines3.common.policies import ActorCriticPolicy
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, VecTransposeImage
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvWrapper
 
 from sb3_vaco.common.actors.base import ActorBackend, ActorSettings, ActorSpec, Observation, Segment, pickle_env_fn
 from sb3_vaco.common.actors.worker import make_payload
+from sb3_vaco.common.buffers import LaggedRolloutBuffer
+
+if TYPE_CHECKING:
+    from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
 
 
 class ActorProgressBarCallback(ProgressBarCallback):
@@ -105,6 +115,10 @@ class ActorBatch:
             return {key: obs[step] for key, obs in self.observations.items()}
         return self.observations[step]
 
+    def truncation_value(self, step: int, column: int, terminal_observation: Observation | None = None) -> float:
+        """``V_μ(terminal observation)`` of the truncation at ``(step, column)``, computed by the actor that acted."""
+        return self.truncations[(step, column)][1]
+
     def infos(self, step: int) -> list[dict[str, Any]]:
         """The ``infos`` a VecEnv would have returned at ``step`` (episode-end infos, terminal observations included)."""
         infos: list[dict[str, Any]] = [{} for _ in range(self.n_envs)]
@@ -117,73 +131,184 @@ class ActorBatch:
 
 class ActorPool:
     """
-    Owns the actor backend for the learner: starts it lazily, publishes a new version after every update,
-    takes batches of segments. Runtime state only (never saved).
+    The actors of one algorithm. Built by ``LaggedOnPolicyAlgorithm._setup_model()`` (runtime state, never saved);
+    the backend starts at the first rollout of each ``learn()`` call (versions count from 0 there) and stops when
+    ``learn()`` returns or raises.
 
     :param settings: validated actor settings
-    :param env_fn: env id or factory the actors build their envs from
-    :param env: the learner's env (its VecNormalize, if any, holds the statistics; its other wrappers are checked)
-    :param policy: the learner's policy
-    :param n_steps: steps per env and segment
-    :param use_sde: gSDE exploration
-    :param sde_sample_freq: gSDE resampling frequency
-    :param seed: seed of the actors' envs (see :class:`~sb3_vaco.common.actors.base.ActorSpec`)
+    :param env_id: the algorithm's ``env`` argument if it was an env id (what the actors build unless ``env_fn`` is set)
     """
 
-    def __init__(
-        self,
-        settings: ActorSettings,
-        env_fn: Any,
-        env: VecEnv,
-        policy: ActorCriticPolicy,
-        n_steps: int,
-        use_sde: bool,
-        sde_sample_freq: int,
-        seed: int | None,
-    ) -> None:
+    def __init__(self, settings: ActorSettings, env_id: str | None) -> None:
         self.settings = settings
-        self.spec = ActorSpec(
-            env_fn=pickle_env_fn(env_fn),
-            env_kwargs=dict(settings.env_kwargs or {}),
-            n_envs=settings.n_envs_per_actor,
-            n_steps=n_steps,
-            policy_class=type(policy),
-            policy_kwargs=policy._get_constructor_parameters(),
-            use_sde=use_sde,
-            sde_sample_freq=sde_sample_freq,
-            vec_wrappers=vec_wrappers_of(env),
-            delay=settings.delay,
-            num_threads=settings.num_threads,
-            max_pending_segments=settings.max_pending_segments,
-            seed=seed,
-            n_actors=settings.n_actors,
-        )
+        self.env_id = env_id
         self.backend: ActorBackend | None = None
+        self.spec: ActorSpec | None = None
         self.version = -1
         self._published_n_updates: int | None = None
         self.version_n_updates: dict[int, int] = {}  # version -> learner's n_updates when it was published
         self.dropped_segments = 0
         self.wait_seconds = 0.0
 
-    def _make_backend(self) -> ActorBackend:
+    @property
+    def n_envs(self) -> int:
+        """Columns of the rollout buffer: the envs of all actors."""
+        return self.settings.n_envs
+
+    @property
+    def running(self) -> bool:
+        return self.backend is not None
+
+    # ----- setup --------------------------------------------------------------------------------------------------
+
+    def env_fn(self, env: VecEnv | None) -> Any:
+        """The env id or factory the actors build their envs from (checked to be picklable)."""
+        env_fn = self.settings.env_fn if self.settings.env_fn is not None else self.env_id
+        if env_fn is None:
+            hint = ""
+            try:
+                spec = env.get_attr("spec", indices=[0])[0] if env is not None else None
+                hint = f", e.g. actor_backend_kwargs={{'env_fn': {spec.id!r}}}" if spec is not None else ""
+            except Exception:  # the env has no registered spec: no hint
+                pass
+            raise ValueError(
+                "With n_actors > 0 the actors build their own envs: pass `env` as an env id string, or an env factory as "
+                f"actor_backend_kwargs={{'env_fn': ...}} (an env id or a picklable callable returning a gym.Env){hint}"
+            )
+        pickle_env_fn(env_fn)
+        return env_fn
+
+    def check_env(self, env: VecEnv | None) -> None:
+        """Fail at construction, not at the first rollout, if the actors cannot rebuild the learner's ``env``."""
+        if env is not None:
+            self.env_fn(env)
+            vec_wrappers_of(env)
+
+    @contextlib.contextmanager
+    def learner_env(self, model: "LaggedOnPolicyAlgorithm", env: GymEnv) -> Iterator[None]:
+        """
+        Around SB3's ``set_env()``: it requires ``env.num_envs == model.n_envs``, but with actors ``n_envs`` counts
+        the actors' envs, not the learner's env (which is not stepped). The new env is checked as at construction.
+        """
+        model.n_envs = env.num_envs if isinstance(env, VecEnv) else 1
+        try:
+            yield
+            self.check_env(model.env)
+        finally:
+            model.n_envs = self.n_envs
+
+    def progress_bar_callback(self, callback: MaybeCallback) -> BaseCallback:
+        """
+        ``callback`` with SB3's progress bar added, advanced by the ``n_envs`` transitions of each ``on_step()`` call
+        (SB3's bar advances by the learner env's ``num_envs``).
+        """
+        if isinstance(callback, list):
+            callback = CallbackList(callback)
+        if not isinstance(callback, BaseCallback):
+            callback = ConvertCallback(callback)
+        return CallbackList([callback, ActorProgressBarCallback()])
+
+    # ----- collection ---------------------------------------------------------------------------------------------
+
+    def collect_rollouts(
+        self, model: "LaggedOnPolicyAlgorithm", callback: BaseCallback, rollout_buffer: LaggedRolloutBuffer
+    ) -> bool:
+        """
+        ``collect_rollouts`` with asynchronous actors: publish the learner's parameters if it was updated since the
+        last batch, take the next ``n_actors`` segments (whichever actors and versions produced them), then replay
+        them step by step into the buffer exactly as a synchronous rollout of ``n_actors * n_envs_per_actor`` envs is
+        stored, through the same code (``model._store_step``: ``num_timesteps``, ``callback.on_step()`` once per step
+        row, the episode-info buffer, truncations, ``add()``). The callbacks thus run in a burst once the batch has
+        arrived; returning False stops training as usual.
+        """
+        model.policy.set_training_mode(False)
+        vec_normalize = model.get_vec_normalize_env()
+        self.publish(model, vec_normalize)  # a new version after every train()
+        rollout_buffer.reset()
+        callback.on_rollout_start()
+        batch = self.collect(self.settings.n_actors, vec_normalize)
+
+        for step in range(model.n_steps):
+            rewards = batch.rewards[step].copy()
+            dones = batch.dones[step]
+            infos = batch.infos(step)
+            actions = batch.actions[step]
+            if not model._store_step(
+                callback,
+                locals(),
+                rollout_buffer,
+                batch.observations_at(step),
+                actions,
+                rewards,
+                batch.episode_starts[step],
+                dones,
+                infos,
+                th.as_tensor(batch.values[step]),
+                th.as_tensor(batch.log_probs[step]),
+                batch.versions,
+                functools.partial(batch.truncation_value, step),
+            ):
+                return False
+
+        rollout_buffer.compute_returns_and_advantage(last_values=th.as_tensor(batch.last_values), dones=batch.last_dones)
+        rollout_buffer.set_bootstrap(batch.last_observations, batch.last_dones)
+        lag_epochs = model._n_updates - np.array([self.version_n_updates[version] for version in batch.versions])
+        model._record_lag_stats(self.version, self.version - batch.versions, lag_epochs)
+        model.logger.record("rollout/actor_restarts", self.restarts)
+        model.logger.record("rollout/actor_segments_dropped", self.dropped_segments)
+        model.logger.record("rollout/actor_wait_time", self.wait_seconds)
+
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def _start(self, model: "LaggedOnPolicyAlgorithm") -> None:
+        """Describe the actors from the model as it is now (its env, policy and settings); versions count from 0."""
+        assert model.env is not None
+        self.spec = ActorSpec(
+            env_fn=pickle_env_fn(self.env_fn(model.env)),
+            env_kwargs=dict(self.settings.env_kwargs or {}),
+            n_envs=self.settings.n_envs_per_actor,
+            n_steps=model.n_steps,
+            policy_class=type(model.policy),
+            policy_kwargs=model.policy._get_constructor_parameters(),
+            use_sde=model.use_sde,
+            sde_sample_freq=model.sde_sample_freq,
+            vec_wrappers=vec_wrappers_of(model.env),
+            delay=self.settings.delay,
+            num_threads=self.settings.num_threads,
+            max_pending_segments=self.settings.max_pending_segments,
+            seed=model.seed,
+            n_actors=self.settings.n_actors,
+        )
+        self.version = -1
+        self._published_n_updates = None
+        self.version_n_updates = {}
+        self.dropped_segments = 0
+        self.wait_seconds = 0.0
+
+    def _make_backend(self, spec: ActorSpec) -> ActorBackend:
         if self.settings.backend == "ray":
             from sb3_vaco.common.actors.ray_backend import RayActorBackend
 
-            return RayActorBackend(self.spec, self.settings)
+            return RayActorBackend(spec, self.settings)
         from sb3_vaco.common.actors.process import ProcessActorBackend
 
-        return ProcessActorBackend(self.spec, self.settings)
+        return ProcessActorBackend(spec, self.settings)
 
-    def publish(self, policy: ActorCriticPolicy, n_updates: int, vec_normalize: VecNormalize | None) -> None:
+    def publish(self, model: "LaggedOnPolicyAlgorithm", vec_normalize: VecNormalize | None) -> None:
         """Publish the learner's parameters as a new version if it was updated since the last one (starts the actors)."""
-        if n_updates == self._published_n_updates and self.backend is not None:
+        if self.backend is not None and model._n_updates == self._published_n_updates:
             return
-        self.version += 1
-        self._published_n_updates = n_updates
-        self.version_n_updates[self.version] = n_updates
-        payload = make_payload(policy, vec_normalize)
         if self.backend is None:
-            self.backend = self._make_backend()
+            self._start(model)
+        self.version += 1
+        self._published_n_updates = model._n_updates
+        self.version_n_updates[self.version] = model._n_updates
+        payload = make_payload(model.policy, vec_normalize)
+        if self.backend is None:
+            assert self.spec is not None
+            self.backend = self._make_backend(self.spec)
             self.backend.start(self.version, payload)
         else:
             self.backend.publish(self.version, payload)
@@ -213,12 +338,14 @@ class ActorPool:
         return 0 if self.backend is None else self.backend.restarts
 
     def pids(self) -> dict[int, int]:
-        """``{actor_id: pid}`` of the running actors (empty before the first ``learn()`` step)."""
+        """``{actor_id: pid}`` of the running actors (empty when they are not running)."""
         return {} if self.backend is None else self.backend.pids()
 
     def close(self) -> None:
+        """Stop the actors, if they are running (``learn()`` does it when it returns or raises)."""
         if self.backend is not None:
-            self.backend.close()
+            backend, self.backend = self.backend, None
+            backend.close()
 
 
 def _merge_moments(vec_normalize: VecNormalize, segment: Segment) -> None:

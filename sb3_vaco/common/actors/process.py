@@ -11,7 +11,8 @@ Every actor owns its own channels, so that an actor killed at any instant can on
   (backpressure: an actor idles while it has ``max_pending_segments`` segments not yet consumed).
 
 A shared ``multiprocessing.Queue`` would be simpler, but an actor killed while writing to it corrupts it for all
-(Python's documentation warns about exactly that).
+(Python's documentation warns about exactly that). The health / replace loop is
+:class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this module implements its primitives.
 """
 
 import atexit
@@ -20,7 +21,6 @@ import multiprocessing as mp
 import signal
 import time
 import traceback
-import warnings
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -28,7 +28,16 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from sb3_vaco.common.actors.base import ActorBackend, ActorFailure, ActorSettings, ActorSpec, Payload, Segment
+from sb3_vaco.common.actors.base import (
+    ActorBackend,
+    ActorExit,
+    ActorFailure,
+    ActorSettings,
+    ActorSlot,
+    ActorSpec,
+    Payload,
+    Segment,
+)
 from sb3_vaco.common.actors.worker import (
     ActorWorker,
     PayloadLayout,
@@ -38,8 +47,6 @@ from sb3_vaco.common.actors.worker import (
     unflatten_payload,
 )
 
-_POLL_SECONDS = 0.05
-_HEALTH_CHECK_SECONDS = 0.5
 _LOCK_TIMEOUT = 0.2
 _JOIN_SECONDS = 3.0
 
@@ -106,11 +113,9 @@ def _actor_main(
 
 
 @dataclasses.dataclass
-class _Slot:
+class _Slot(ActorSlot):
     """One running actor and the channels it owns."""
 
-    actor_id: int
-    incarnation: int
     process: BaseProcess
     conn: Connection
     weights: Any
@@ -119,7 +124,6 @@ class _Slot:
     heartbeat: Any  # time.time() of the actor's last sign of life; 0 until it started
     ready_since: Any  # when its pending segment was finished
     consumed: Any  # segments of this actor taken by the learner
-    started_at: float
 
 
 class ProcessActorBackend(ActorBackend):
@@ -142,13 +146,13 @@ class ProcessActorBackend(ActorBackend):
             # fork server already runs (e.g. started by a SubprocVecEnv).
             # torch imports torch._dynamo lazily, at the first manual_seed() / optimizer: seconds, so preload it too.
             self._ctx.set_forkserver_preload(["__main__", __name__, "torch._dynamo"])
+        self._start_method = start_method
         self._spec_bytes = cloudpickle.dumps(spec)
         self._slots: dict[int, _Slot] = {}
         self._layout: PayloadLayout = []
         self._flat = np.zeros(0)
         self._version = -1
         self._stop: Any = None
-        self._next_health_check = 0.0
         self._closed = False
 
     def start(self, version: int, payload: Payload) -> None:
@@ -182,7 +186,7 @@ class ProcessActorBackend(ActorBackend):
         )
         process.start()
         sender.close()  # only the actor may hold the write end: its death then reads as EOF here
-        return _Slot(actor_id, incarnation, process, receiver, started_at=time.time(), **shared)
+        return _Slot(actor_id, incarnation, time.time(), process, receiver, **shared)
 
     def publish(self, version: int, payload: Payload) -> None:
         flatten_payload(payload, self._layout, self._flat)
@@ -203,53 +207,50 @@ class ProcessActorBackend(ActorBackend):
         finally:
             slot.lock.release()
 
-    def next_segment(self) -> Segment:
-        while True:
-            if time.monotonic() >= self._next_health_check:
-                self._check_health()
-            by_conn = {slot.conn: slot for slot in self._slots.values()}
-            ready = wait(list(by_conn), timeout=_POLL_SECONDS)
-            for slot in sorted((by_conn[conn] for conn in ready), key=lambda s: s.ready_since.value):  # type: ignore[index]
-                try:
-                    message = slot.conn.recv()
-                except (EOFError, OSError):
-                    self._replace(slot, f"exited (exit code {self._exitcode(slot)})")
-                    continue
-                if isinstance(message, ActorFailure):
-                    raise RuntimeError(f"Actor {message.actor_id} failed:\n{message.traceback}")
-                slot.consumed.value += 1
-                return message
-            if not ready:
-                self._check_health()
+    # ----- primitives of ActorBackend's health / replace loop ------------------------------------------------------
 
-    @staticmethod
-    def _exitcode(slot: _Slot) -> int | None:
-        slot.process.join(timeout=1.0)
-        return slot.process.exitcode
+    def _receive(self, timeout: float) -> tuple[_Slot, Segment | ActorFailure | ActorExit] | None:
+        by_conn = {slot.conn: slot for slot in self._slots.values()}
+        ready = wait(list(by_conn), timeout=timeout)
+        if not ready:
+            return None
+        slot = min((by_conn[conn] for conn in ready), key=lambda s: s.ready_since.value)  # type: ignore[index]
+        try:
+            message = slot.conn.recv()
+        except (EOFError, OSError):
+            slot.process.join(timeout=1.0)
+            return slot, ActorExit(f"exited (exit code {slot.process.exitcode})")
+        if isinstance(message, Segment):
+            slot.consumed.value += 1
+        return slot, message
 
-    def _check_health(self) -> None:
-        """Replace actors that exited, never started or stopped giving signs of life; retry unwritten weights."""
-        self._next_health_check = time.monotonic() + _HEALTH_CHECK_SECONDS
-        now = time.time()
-        for slot in list(self._slots.values()):
-            self._write_weights(slot)
-            if slot.conn.poll():
-                continue  # a segment (or the EOF of an exit) is waiting: the next `wait()` takes it
-            heartbeat = slot.heartbeat.value
-            if slot.process.exitcode is not None:
-                self._replace(slot, f"exited (exit code {slot.process.exitcode})")
-            elif heartbeat == 0.0 and now - slot.started_at > self.settings.startup_timeout:
-                self._replace(slot, f"did not start within {self.settings.startup_timeout:g} s")
-            elif heartbeat > 0.0 and now - heartbeat > self.settings.actor_timeout:
-                self._replace(slot, f"hung (no sign of life for {now - heartbeat:.1f} s > actor_timeout)")
+    def _exit_reason(self, slot: _Slot) -> str | None:
+        exitcode = slot.process.exitcode
+        return None if exitcode is None else f"exited (exit code {exitcode})"
 
-    def _replace(self, slot: _Slot, reason: str) -> None:
-        message = f"Actor {slot.actor_id} (pid {slot.process.pid}) {reason}; starting a replacement"
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    def _last_sign_of_life(self, slot: _Slot) -> float | None:
+        heartbeat = slot.heartbeat.value
+        return None if heartbeat == 0.0 else heartbeat
+
+    def _has_waiting_output(self, slot: _Slot) -> bool:
+        return slot.conn.poll()  # a segment, or the EOF of an exit
+
+    def _pid(self, slot: _Slot) -> int | None:
+        return slot.process.pid
+
+    def _kill(self, slot: _Slot) -> None:
         self._stop_process(slot, kill=True)
-        self._slots.pop(slot.actor_id)
-        self._record_restart(message)
-        self._slots[slot.actor_id] = self._spawn(slot.actor_id, slot.incarnation + 1)
+
+    def _maintain(self) -> None:
+        for slot in self._slots.values():
+            self._write_weights(slot)  # retry the weights a lock timeout kept from being written
+
+    def _startup_hint(self) -> str:
+        return (
+            f"With the {self._start_method!r} start method every actor process imports the script that started "
+            'training as __main__: start training under `if __name__ == "__main__":` (as with SubprocVecEnv), the '
+            "likely cause; otherwise the actor's own output (stderr) says why it exited."
+        )
 
     @staticmethod
     def _stop_process(slot: _Slot, kill: bool, timeout: float = 0.0) -> None:
@@ -266,9 +267,6 @@ class ProcessActorBackend(ActorBackend):
             process.kill()
             process.join(timeout=_JOIN_SECONDS)
         process.close()
-
-    def pids(self) -> dict[int, int]:
-        return {actor_id: slot.process.pid for actor_id, slot in self._slots.items() if slot.process.pid is not None}
 
     def close(self) -> None:
         if self._closed:

@@ -5,24 +5,31 @@ The learner (Ray driver) keeps ``max_pending_segments`` ``collect`` calls in fli
 newest published parameters as an object reference (``ray.put`` once per version; ``None`` when the actor already
 has them): the same rule as the process backend, the actor acts with the newest version at the start of a segment.
 A call that fails because its actor died (``RayActorError``) or that has not finished after ``actor_timeout``
-seconds gets its actor killed and replaced; an exception raised by the actor's code is re-raised in the learner.
+seconds gets its actor killed and replaced (the loop is :class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this
+module implements its primitives); an exception raised by the actor's code is re-raised in the learner.
 """
 
+import dataclasses
 import os
 import signal
 import time
 import traceback
-import warnings
 from collections import deque
 from typing import Any
 
 import cloudpickle
 
-from sb3_vaco.common.actors.base import ActorBackend, ActorSettings, ActorSpec, Payload, Segment
+from sb3_vaco.common.actors.base import (
+    ActorBackend,
+    ActorExit,
+    ActorFailure,
+    ActorSettings,
+    ActorSlot,
+    ActorSpec,
+    Payload,
+    Segment,
+)
 from sb3_vaco.common.actors.worker import ActorWorker
-
-_POLL_SECONDS = 0.05
-_HEALTH_CHECK_SECONDS = 0.5
 
 
 class _RayActor:
@@ -51,16 +58,16 @@ class _RayActor:
         return segment
 
 
-class _RaySlot:
-    def __init__(self, actor_id: int, incarnation: int, handle: Any, pid_ref: Any) -> None:
-        self.actor_id = actor_id
-        self.incarnation = incarnation
-        self.handle = handle
-        self.pid_ref = pid_ref
-        self.pid: int | None = None
-        self.version = -1  # newest version sent to it
-        self.in_flight: deque[Any] = deque()  # collect() calls, oldest first (Ray runs them in order)
-        self.busy_since = time.time()  # when its oldest unfinished call started running (approximately)
+@dataclasses.dataclass
+class _RaySlot(ActorSlot):
+    """One Ray actor and its calls in flight."""
+
+    handle: Any
+    pid_ref: Any
+    pid: int | None = None
+    version: int = -1  # newest version sent to it
+    in_flight: deque[Any] = dataclasses.field(default_factory=deque)  # collect() calls, oldest first (run in order)
+    busy_since: float = dataclasses.field(default_factory=time.time)  # when its oldest unfinished call started (about)
 
 
 class RayActorBackend(ActorBackend):
@@ -87,7 +94,6 @@ class RayActorBackend(ActorBackend):
         self._remote_class: Any = None
         self._version = -1
         self._weights_ref: Any = None
-        self._next_health_check = 0.0
         self._closed = False
 
     def start(self, version: int, payload: Payload) -> None:
@@ -109,7 +115,7 @@ class RayActorBackend(ActorBackend):
 
     def _spawn(self, actor_id: int, incarnation: int) -> _RaySlot:
         handle = self._remote_class.remote(self._spec_bytes, actor_id, incarnation)
-        slot = _RaySlot(actor_id, incarnation, handle, handle.pid.remote())
+        slot = _RaySlot(actor_id, incarnation, time.time(), handle, handle.pid.remote())
         for _ in range(self.settings.max_pending_segments):
             self._submit(slot)
         return slot
@@ -125,62 +131,63 @@ class RayActorBackend(ActorBackend):
         self._version = version
         self._weights_ref = self._ray.put(payload)
 
-    def next_segment(self) -> Segment:
+    # ----- primitives of ActorBackend's health / replace loop ------------------------------------------------------
+
+    def _receive(self, timeout: float) -> tuple[_RaySlot, Segment | ActorFailure | ActorExit] | None:
         ray = self._ray
-        while True:
-            if time.monotonic() >= self._next_health_check:
-                self._check_health()
-            owners = {slot.in_flight[0]: slot for slot in self._slots.values() if slot.in_flight}
-            if not owners:  # every actor was just replaced and has nothing in flight yet: cannot happen, be safe
-                for slot in self._slots.values():
-                    self._submit(slot)
-                continue
-            ready, _ = ray.wait(list(owners), num_returns=1, timeout=_POLL_SECONDS)
-            if ready:
-                slot = owners[ready[0]]
-                slot.in_flight.popleft()
-                slot.busy_since = time.time()
-                try:
-                    segment = ray.get(ready[0])
-                except ray.exceptions.RayActorError as error:
-                    self._replace(slot, f"died ({type(error).__name__})")
-                    continue
-                except ray.exceptions.RayTaskError as error:
-                    raise RuntimeError(f"Actor {slot.actor_id} failed:\n{error}") from error
+        owners = {slot.in_flight[0]: slot for slot in self._slots.values() if slot.in_flight}
+        if not owners:  # every actor was just replaced and has nothing in flight yet: cannot happen, be safe
+            for slot in self._slots.values():
                 self._submit(slot)
-                return segment
-            self._check_health()
+            return None
+        ready, _ = ray.wait(list(owners), num_returns=1, timeout=timeout)
+        if not ready:
+            return None
+        slot = owners[ready[0]]
+        slot.in_flight.popleft()
+        slot.busy_since = time.time()
+        try:
+            segment = ray.get(ready[0])
+        except ray.exceptions.RayActorError as error:
+            return slot, ActorExit(f"died ({type(error).__name__})")
+        except ray.exceptions.RayTaskError as error:
+            return slot, ActorFailure(slot.actor_id, str(error))
+        self._submit(slot)
+        return slot, segment
 
-    def _check_health(self) -> None:
-        """Replace actors whose segment is overdue (hung, or never started); learn the pids of new actors."""
-        self._next_health_check = time.monotonic() + _HEALTH_CHECK_SECONDS
-        ray, now = self._ray, time.time()
-        for slot in list(self._slots.values()):
-            if slot.pid is None and ray.wait([slot.pid_ref], timeout=0)[0]:
-                try:
-                    slot.pid = ray.get(slot.pid_ref)
-                    slot.busy_since = max(slot.busy_since, now)  # started: its first segment begins about now
-                except ray.exceptions.RayActorError:
-                    pass  # its collect() call reports the death
-            timeout = self.settings.actor_timeout if slot.pid is not None else self.settings.startup_timeout
-            if not slot.in_flight or now - slot.busy_since <= timeout:
-                continue
-            if not ray.wait([slot.in_flight[0]], timeout=0)[0]:  # a finished segment waiting to be taken is no hang
-                self._replace(slot, f"hung (no segment for {now - slot.busy_since:.1f} s > timeout)")
+    def _exit_reason(self, slot: _RaySlot) -> str | None:
+        return None  # Ray reports a death as the failure of the actor's next call (see _receive)
 
-    def _replace(self, slot: _RaySlot, reason: str) -> None:
-        message = f"Actor {slot.actor_id} (pid {slot.pid}) {reason}; starting a replacement"
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-        self._kill(slot)
-        self._slots.pop(slot.actor_id)
-        self._record_restart(message)
-        self._slots[slot.actor_id] = self._spawn(slot.actor_id, slot.incarnation + 1)
+    def _last_sign_of_life(self, slot: _RaySlot) -> float | None:
+        """When the actor's oldest unfinished segment started; None until it has started (its pid is known)."""
+        ray = self._ray
+        if slot.pid is None and ray.wait([slot.pid_ref], timeout=0)[0]:
+            try:
+                slot.pid = ray.get(slot.pid_ref)
+                slot.busy_since = max(slot.busy_since, time.time())  # started: its first segment begins about now
+            except ray.exceptions.RayActorError:
+                pass  # its collect() call reports the death
+        if slot.pid is None:
+            return None
+        return slot.busy_since if slot.in_flight else time.time()
+
+    def _has_waiting_output(self, slot: _RaySlot) -> bool:
+        return bool(slot.in_flight) and bool(self._ray.wait([slot.in_flight[0]], timeout=0)[0])
+
+    def _pid(self, slot: _RaySlot) -> int | None:
+        return slot.pid
 
     def _kill(self, slot: _RaySlot) -> None:
         try:
             self._ray.kill(slot.handle, no_restart=True)
         except Exception:
             pass
+
+    def _startup_hint(self) -> str:
+        return (
+            "Ray workers need the learner's Python environment (sb3_vaco, torch, SB3 and the env's package, same "
+            "versions); the Ray worker logs say why it died."
+        )
 
     def pids(self) -> dict[int, int]:
         pids = {}

@@ -10,7 +10,6 @@ from typing import Any
 import cloudpickle
 import numpy as np
 import torch as th
-from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.running_mean_std import RunningMeanStd
@@ -18,6 +17,7 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize, VecTransposeImage
 
 from sb3_vaco.common.actors.base import ActorSpec, Observation, Payload, Segment
+from sb3_vaco.common.actors.steps import env_actions, time_limit_truncations
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Published parameters: {"policy/<state_dict key>": array, "obs_rms/mean" (or "obs_rms/<key>/mean"): array, ...}.
@@ -48,8 +48,10 @@ def make_payload(policy: ActorCriticPolicy, vec_normalize: VecNormalize | None) 
 
 def load_payload(payload: Payload, policy: ActorCriticPolicy, vec_normalize: VecNormalize | None) -> None:
     """Inverse of :func:`make_payload`: parameters into ``policy``, statistics into ``vec_normalize``."""
-    state_dict = {name[len("policy/") :]: th.as_tensor(array) for name, array in payload.items() if name.startswith("policy/")}
-    policy.load_state_dict(state_dict)  # load_state_dict casts to each parameter's dtype
+    # th.tensor copies: Ray hands the payload over as read-only arrays in its object store, which th.as_tensor would
+    # wrap (with torch's "NumPy array is not writable" warning); load_state_dict casts to each parameter's dtype.
+    state_dict = {name[len("policy/") :]: th.tensor(array) for name, array in payload.items() if name.startswith("policy/")}
+    policy.load_state_dict(state_dict)
     if vec_normalize is not None:
         if isinstance(vec_normalize.obs_rms, dict):
             for key, rms in vec_normalize.obs_rms.items():
@@ -104,7 +106,8 @@ def _stack_obs(observations: list[Any]) -> Observation:
 class ActorWorker:
     """
     One actor: ``spec.n_envs`` envs in a ``DummyVecEnv`` (Monitor-wrapped, as ``make_vec_env`` does) and a CPU copy of
-    the learner's policy. :meth:`collect` is SB3's ``collect_rollouts`` loop, storing what a :class:`Segment` holds.
+    the learner's policy. :meth:`collect` is SB3's ``collect_rollouts`` loop (acting and truncation rule shared with the
+    learner: :mod:`sb3_vaco.common.actors.steps`), storing what a :class:`Segment` holds.
 
     With VecNormalize the actor normalizes with the statistics the learner published (frozen: ``training=False``)
     and reports the moments of the raw observations and discounted returns it saw, which the learner merges into
@@ -179,12 +182,7 @@ class ActorWorker:
             with th.no_grad():
                 action_tensor, values, log_probs = policy(obs_as_tensor(self._last_obs, policy.device))  # type: ignore[arg-type]
             actions = action_tensor.cpu().numpy()
-            clipped_actions = actions
-            if isinstance(policy.action_space, spaces.Box):
-                if policy.squash_output:
-                    clipped_actions = policy.unscale_action(clipped_actions)
-                else:
-                    clipped_actions = np.clip(actions, policy.action_space.low, policy.action_space.high)
+            clipped_actions = env_actions(policy, actions)
             new_obs, rewards, dones, infos = env.step(clipped_actions)
 
             rows["obs"].append(self._last_obs)
@@ -196,11 +194,9 @@ class ActorWorker:
             rows["logp"].append(log_probs.cpu().numpy())
             if normalize is not None:
                 self._track_raw_statistics(normalize, dones, raw_obs, raw_returns)
-            for idx in np.flatnonzero(dones):
-                info = dict(infos[idx])
-                terminal_obs = info.pop("terminal_observation", None)
-                if terminal_obs is not None and info.get("TimeLimit.truncated", False):
-                    truncated.append((step, int(idx), terminal_obs))
+            truncated.extend((step, idx, terminal_obs) for idx, terminal_obs in time_limit_truncations(dones, infos))
+            for idx in np.flatnonzero(dones):  # the learner rebuilds the infos from these (ActorBatch.infos)
+                info = {key: value for key, value in infos[idx].items() if key != "terminal_observation"}
                 done_infos.append((step, int(idx), info))
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
