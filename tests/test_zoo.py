@@ -6,7 +6,6 @@ into the other tests of the session. Tiny budgets, one torch thread.
 """
 
 import csv
-import inspect
 import json
 import os
 import pickle
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 import yaml
 
-from sb3_vaco import VACO
 from sb3_vaco.zoo import HYPERPARAMS_DIR
 
 ENV = {
@@ -56,11 +54,12 @@ MUJOCO_ENVS = (
 CLASSIC_ENVS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "LunarLander-v3")
 
 
-def run(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -m sb3_vaco.zoo <args>`` in ``cwd``."""
+def run(cwd: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m sb3_vaco.zoo <args>`` in ``cwd`` (with the environment variables ``env``, by default ``ENV``)."""
     result = subprocess.run(
-        [sys.executable, "-m", "sb3_vaco.zoo", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-m", "sb3_vaco.zoo", *args], cwd=cwd, env=ENV if env is None else env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
     if check:
         assert result.returncode == 0, f"{args} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
@@ -186,11 +185,24 @@ def test_record_video(logs: Path, tmp_path: Path) -> None:
     assert videos[0].stat().st_size > 1000
 
 
-def test_all_plots(logs: Path) -> None:
+def assert_image(path: Path, signature: bytes) -> None:
+    assert path.is_file(), f"{path} was not written"
+    assert path.read_bytes().startswith(signature), path
+    assert path.stat().st_size > 5000, path  # a drawn figure, not an empty canvas
+
+
+PNG, SVG = b"\x89PNG", b"<?xml"
+
+
+def test_all_plots_and_plot_from_file(logs: Path, tmp_path: Path) -> None:
+    """The plot commands on single runs, without a display: the figures are saved to files."""
+    # As on a Linux server: no display, no backend chosen (the launcher picks Agg)
+    unset = ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND") if sys.platform.startswith("linux") else ("DISPLAY",)
+    headless = {key: value for key, value in ENV.items() if key not in unset}
     result = run(logs.parent, "all_plots", "-a", "vaco", "lagged_ppo", "-e", "CartPole", "InvertedPendulum", "-f", "logs",
-                 "--no-display", "-o", "plots")  # fmt: skip
+                 "-o", str(tmp_path / "plots"), env=headless)  # fmt: skip
     assert "VACO" in result.stdout and "LAGGED_PPO" in result.stdout
-    with open(logs.parent / "plots.pkl", "rb") as file:
+    with open(tmp_path / "plots.pkl", "rb") as file:
         post_processed = pickle.load(file)
     evaluations = np.load(logs / "vaco" / "CartPole-v1_1" / "evaluations.npz")
     cartpole = post_processed["CartPole"]["VACO-logs"]
@@ -198,6 +210,33 @@ def test_all_plots(logs: Path) -> None:
     np.testing.assert_allclose(cartpole["mean"], evaluations["results"].mean(axis=1))
     assert "LAGGED_PPO-logs" in post_processed["CartPole"]
     assert "VACO-logs" in post_processed["InvertedPendulum"]
+    # No display: one figure per env, in figures/ by default (the zoo alone would save none)
+    for env in ("cartpole", "invertedpendulum"):
+        assert_image(logs.parent / "figures" / f"all_plots-results_{env}.png", PNG)
+
+    # plot_from_file on that output (one run per curve), with the zoo's -o and the launcher's --figure-dir.
+    # --keep-envs: the zoo's plot_from_file needs every curve on every env it plots (lagged_ppo only ran CartPole)
+    figures = tmp_path / "from_file"
+    result = run(logs.parent, "plot_from_file", "-i", str(tmp_path / "plots"), "--keep-envs", "CartPole",
+                 "-o", str(tmp_path / "sensitivity.png"), "--format", "png", "--figure-dir", str(figures),
+                 "--figure-format", "svg", env=headless)  # fmt: skip
+    assert "keys: ['VACO-logs', 'LAGGED_PPO-logs']" in result.stdout
+    assert_image(tmp_path / "sensitivity.png", PNG)
+    assert sorted(path.name for path in figures.iterdir()) == [
+        "plot_from_file-results_cartpole.svg",
+        "plot_from_file-sensitivity_plot.svg",
+    ]
+    for path in figures.iterdir():
+        assert_image(path, SVG)
+
+    # plot_train too; the zoo's own options pass through (--figsize is not taken for a --figure-* option)
+    run(logs.parent, "plot_train", "-a", "vaco", "-e", "CartPole", "-f", "logs", "-w", "2", "--figsize", "5", "4",
+        "--figure-dir", str(tmp_path / "train"))  # fmt: skip
+    assert_image(tmp_path / "train" / "plot_train-training_episodic_reward.png", PNG)
+    result = run(logs.parent, "all_plots", "-a", "vaco", "-e", "CartPole", "-f", "logs", "--figure-format", "jpg",
+                 check=False)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == "sb3-vaco all_plots: error: --figure-format must be one of png, svg, pdf, got 'jpg'"
 
 
 def test_optimize_report_and_trial_reload(tmp_path: Path) -> None:
@@ -342,11 +381,10 @@ def test_shipped_entries_build_models(tmp_path: Path) -> None:
         assert {"default", *MUJOCO_ENVS, *CLASSIC_ENVS} <= set(entries), name
         for env_id in MUJOCO_ENVS:
             assert entries[env_id].get("normalize") is True, (name, env_id)
-    # The zoo's fallback entry trains what `VACO("MlpPolicy", env)` trains
-    defaults = inspect.signature(VACO).parameters
-    fallback = yaml.safe_load((HYPERPARAMS_DIR / "vaco.yml").read_text())["default"]
-    for knob in ("tv_threshold", "tv_reference", "vtrace_rho_bar", "vtrace_c_bar", "value_target", "ratio_bound"):
-        assert fallback[knob] == defaults[knob].default, knob
+    # The zoo's fallback entry trains what `VACO("MlpPolicy", env)` / `LaggedPPO("MlpPolicy", env)` trains
+    for name in ("vaco", "lagged_ppo"):
+        fallback = yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text())["default"]
+        assert fallback == {"n_timesteps": 1e6, "policy": "MlpPolicy"}, name
     out = run_python(
         tmp_path,
         """
@@ -381,3 +419,43 @@ def test_shipped_entries_build_models(tmp_path: Path) -> None:
         for env_id in MUJOCO_ENVS:
             assert f"{name}/{env_id}" in result["built"]
         assert f"{name}/CartPole-v1" in result["built"]
+
+
+def test_shipped_entries_hold_only_what_differs_from_the_defaults(tmp_path: Path) -> None:
+    """
+    Every key of every entry of each algorithm's YAML file is a constructor argument of the algorithm or a key the zoo
+    handles, and none sets an argument to its constructor default (an omitted key gets the default, so entries follow
+    the class when its defaults change).
+    """
+    out = run_python(
+        tmp_path,
+        """
+        import json, yaml
+        from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS
+        from sb3_vaco.zoo.exp_manager import (
+            ZOO_KEYS, ZOO_SET_ARGUMENTS, constructor_arguments, constructor_defaults, is_constructor_default,
+        )
+        checked, problems = [], []
+        for name, algo_class in ZOO_ALGOS.items():
+            arguments = constructor_arguments(algo_class) - set(ZOO_SET_ARGUMENTS)
+            defaults = constructor_defaults(algo_class)
+            for env_id, entry in yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text()).items():
+                for key, value in entry.items():
+                    checked.append(f"{name}/{env_id}/{key}")
+                    if key not in arguments | ZOO_KEYS:
+                        problems.append(f"{name}/{env_id}: {key} is neither an argument of {name} nor a zoo key")
+                    elif key in defaults and is_constructor_default(value, defaults[key]):
+                        problems.append(f"{name}/{env_id}: {key}: {value!r} is the constructor default")
+        # The comparison itself: a default is recognised as such, a tuned value is not
+        vaco_defaults = constructor_defaults(ZOO_ALGOS["vaco"])
+        assert is_constructor_default(0, vaco_defaults["policy_lag"]) and is_constructor_default(0.99, vaco_defaults["gamma"])
+        assert is_constructor_default("decoupled", vaco_defaults["tv_reference"])
+        assert not is_constructor_default(0.3, vaco_defaults["tv_threshold"]) and not is_constructor_default(1, False)
+        print(json.dumps({"checked": checked, "problems": problems}))
+        """,
+    )
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["problems"] == []
+    assert {"vaco/Reacher-v5/tv_threshold", "vaco/Hopper-v5/n_steps", "lagged_ppo/Hopper-v5/normalize"} <= set(
+        result["checked"]
+    )

@@ -7,12 +7,14 @@ Command-line launcher: the RL Zoo's scripts with ``vaco`` and ``lagged_ppo`` reg
     python -m sb3_vaco.zoo train --algo vaco --env CartPole-v1 -optimize --n-trials 20 --sampler tpe --pruner median
     python -m sb3_vaco.zoo enjoy --algo vaco --env Hopper-v5 -f logs/ --no-render -n 2000
     python -m sb3_vaco.zoo record_video --algo vaco --env Hopper-v5 -f logs/ -n 500
-    python -m sb3_vaco.zoo all_plots -a vaco ppo -e Hopper -f logs/
+    python -m sb3_vaco.zoo all_plots -a vaco ppo -e Hopper -f logs/ -o results --figure-dir figures/
+    python -m sb3_vaco.zoo plot_from_file -i results -o results.png --format png
 
 ``sb3-vaco`` (console script) takes the same sub-commands. Every option is the zoo's; in addition, ``train``
 loads ``vaco`` / ``lagged_ppo`` hyperparameters from the YAML files shipped in ``sb3_vaco/hyperparams`` unless
 ``--conf-file`` is given, and ``-params`` also accepts bare words as strings (``tv_reference:learner``,
-``tv_threshold:lin_0.1``).
+``tv_threshold:lin_0.1``). The plot commands save their figures to files without a display, or with
+``--figure-dir`` (see :mod:`sb3_vaco.zoo.plots`).
 """
 
 import argparse
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS, register_algos
 from sb3_vaco.zoo.exp_manager import VACOExperimentManager, ZooUsageError
+from sb3_vaco.zoo.plots import PLOT_COMMANDS, plot_command, split_figure_options
 
 PROG = "sb3-vaco"
 COMMANDS = {
@@ -118,7 +121,7 @@ def _run_record_video() -> None:
     runpy.run_module("rl_zoo3.record_video", run_name="__main__", alter_sys=True)
 
 
-def _command_function(command: str) -> Callable[[], None]:
+def _command_function(command: str, figure_options: argparse.Namespace | None = None) -> Callable[[], None]:
     if command == "train":
         import rl_zoo3.train
 
@@ -135,9 +138,10 @@ def _command_function(command: str) -> Callable[[], None]:
         from sb3_vaco.zoo.report import main as report_main
 
         return report_main
-    from rl_zoo3 import plots
-
-    return getattr(plots, command)
+    if command in PLOT_COMMANDS:
+        assert figure_options is not None
+        return plot_command(command, figure_options)
+    raise ValueError(f"unknown command {command!r}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,9 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command in ENV_COMMANDS and not {"-h", "--help"} & set(args):
             known = _pre_parse(args)
             _check_env(known.env, known.gym_packages)
+        figure_options = None
         if command == "train":
             args = _train_args(args)
-        function = _command_function(command)
+        elif command in PLOT_COMMANDS:
+            args, figure_options = split_figure_options(command, args)
+        function = _command_function(command, figure_options)
         sys.argv = [f"{PROG} {command}", *args]
         function()
     except ZooUsageError as error:

@@ -52,24 +52,62 @@ class ZooUsageError(ValueError):
     """Invalid command-line input or configuration: reported as one clear message with a non-zero exit code."""
 
 
-def constructor_arguments(algo_class: type[BaseAlgorithm]) -> set[str]:
+def constructor_parameters(algo_class: type[BaseAlgorithm]) -> dict[str, inspect.Parameter]:
     """
     The keyword arguments that ``algo_class(...)`` accepts, following ``**kwargs`` up the MRO
     (``LaggedPPO(policy, env, *args, policy_lag, **kwargs)`` accepts everything ``PPO`` does).
 
     :param algo_class: an SB3 algorithm class
-    :return: the argument names, ``self`` excluded
+    :return: name → parameter (with its default), ``self`` excluded; a subclass's parameter hides its parent's
     """
-    names: set[str] = set()
+    parameters: dict[str, inspect.Parameter] = {}
     for cls in algo_class.__mro__:
         if "__init__" not in vars(cls):
             continue
-        parameters = inspect.signature(vars(cls)["__init__"]).parameters.values()
-        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        signature = inspect.signature(vars(cls)["__init__"]).parameters.values()
+        for parameter in signature:
+            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and parameter.name != "self":
+                parameters.setdefault(parameter.name, parameter)
+        if not any(parameter.kind == parameter.VAR_KEYWORD for parameter in signature):
             break
-    names.discard("self")
-    return names
+    return parameters
+
+
+def constructor_arguments(algo_class: type[BaseAlgorithm]) -> set[str]:
+    """
+    The names of the keyword arguments that ``algo_class(...)`` accepts (see :func:`constructor_parameters`).
+
+    :param algo_class: an SB3 algorithm class
+    :return: the argument names, ``self`` excluded
+    """
+    return set(constructor_parameters(algo_class))
+
+
+def constructor_defaults(algo_class: type[BaseAlgorithm]) -> dict[str, Any]:
+    """
+    The default of each argument of ``algo_class(...)`` that has one: what a YAML entry gets for a key it omits.
+
+    :param algo_class: an SB3 algorithm class
+    :return: name → default value
+    """
+    return {
+        name: parameter.default
+        for name, parameter in constructor_parameters(algo_class).items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+
+
+def is_constructor_default(value: Any, default: Any) -> bool:
+    """
+    Whether a YAML value sets an argument to its default (``1`` and ``1.0`` alike; booleans only equal booleans).
+
+    :param value: the value from a YAML entry (before the zoo converts schedules such as ``lin_0.001``)
+    :param default: the constructor default
+    """
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default
+    scalars = (int, float, str, type(None))
+    return isinstance(value, scalars) and isinstance(default, scalars) and value == default
 
 
 def check_hyperparameter_keys(
