@@ -131,6 +131,19 @@ def test_train_writes_run_with_vaco_config(logs: Path) -> None:
     assert len(np.load(mujoco_dir / "evaluations.npz")["timesteps"]) >= 1
 
 
+def test_baseline_trains_with_the_entries_it_inherits(tmp_path: Path) -> None:
+    """`spo.yml` inherits vaco.yml's entries and adds PPO's clip range: the run's config holds both."""
+    run(tmp_path, "train", "--algo", "spo", "--env", "CartPole-v1", "-n", "256", "--num-threads", "1", "--seed", "0",
+        "-f", "logs", "-params", "n_steps:16", "batch_size:64", "n_epochs:1")  # fmt: skip
+    run_dir = tmp_path / "logs" / "spo" / "CartPole-v1_1"
+    assert (run_dir / "CartPole-v1.zip").is_file()
+    config = load_yaml(run_dir / "CartPole-v1" / "config.yml")
+    vaco_entry = yaml.safe_load((HYPERPARAMS_DIR / "vaco.yml").read_text())["CartPole-v1"]
+    assert config["learning_rate"] == vaco_entry["learning_rate"] and config["n_envs"] == vaco_entry["n_envs"]
+    assert config["clip_range"] == "lin_0.2"  # from spo.yml, PPO's tuned value
+    assert "tv_threshold" not in config
+
+
 def test_saved_models_load_as_their_class(logs: Path) -> None:
     out = run_python(
         logs,
@@ -375,7 +388,7 @@ def test_vaco_search_space_is_ppo_space_plus_vaco_knobs(tmp_path: Path) -> None:
 
 
 def test_shipped_entries_build_models(tmp_path: Path) -> None:
-    """Every entry of vaco.yml / lagged_ppo.yml has only valid keys and builds its model on its env."""
+    """Every entry of every algorithm's YAML (inherited entries resolved) has only valid keys and builds its model."""
     for name in ("vaco", "lagged_ppo"):
         entries = yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text())
         assert {"default", *MUJOCO_ENVS, *CLASSIC_ENVS} <= set(entries), name
@@ -391,11 +404,11 @@ def test_shipped_entries_build_models(tmp_path: Path) -> None:
         import importlib.util, json, yaml
         from stable_baselines3.common.env_util import make_vec_env
         from torch import nn
-        from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS
+        from sb3_vaco.zoo import ZOO_ALGOS, load_entries
         from sb3_vaco.zoo.exp_manager import ZOO_KEYS, VACOExperimentManager, check_hyperparameter_keys
         built, skipped = [], []
         for name, algo_class in ZOO_ALGOS.items():
-            for env_id, entry in yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text()).items():
+            for env_id, entry in load_entries(name).items():
                 check_hyperparameter_keys(name, algo_class, entry, {})
                 if env_id == "default":
                     continue
@@ -431,7 +444,7 @@ def test_shipped_entries_hold_only_what_differs_from_the_defaults(tmp_path: Path
         tmp_path,
         """
         import json, yaml
-        from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS
+        from sb3_vaco.zoo import HYPERPARAMS_DIR, INHERIT_KEY, ZOO_ALGOS, load_entries
         from sb3_vaco.zoo.exp_manager import (
             ZOO_KEYS, ZOO_SET_ARGUMENTS, constructor_arguments, constructor_defaults, is_constructor_default,
         )
@@ -439,12 +452,16 @@ def test_shipped_entries_hold_only_what_differs_from_the_defaults(tmp_path: Path
         for name, algo_class in ZOO_ALGOS.items():
             arguments = constructor_arguments(algo_class) - set(ZOO_SET_ARGUMENTS)
             defaults = constructor_defaults(algo_class)
-            for env_id, entry in yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text()).items():
+            own = yaml.safe_load((HYPERPARAMS_DIR / f"{name}.yml").read_text())
+            inherited = load_entries(own.pop(INHERIT_KEY)["from"]) if INHERIT_KEY in own else {}
+            for env_id, entry in load_entries(name).items():
                 for key, value in entry.items():
+                    # A key that overrides an inherited value may restate a default
+                    overrides = key in own.get(env_id, {}) and key in inherited.get(env_id, {})
                     checked.append(f"{name}/{env_id}/{key}")
                     if key not in arguments | ZOO_KEYS:
                         problems.append(f"{name}/{env_id}: {key} is neither an argument of {name} nor a zoo key")
-                    elif key in defaults and is_constructor_default(value, defaults[key]):
+                    elif key in defaults and is_constructor_default(value, defaults[key]) and not overrides:
                         problems.append(f"{name}/{env_id}: {key}: {value!r} is the constructor default")
         # The comparison itself: a default is recognised as such, a tuned value is not
         vaco_defaults = constructor_defaults(ZOO_ALGOS["vaco"])
@@ -456,6 +473,11 @@ def test_shipped_entries_hold_only_what_differs_from_the_defaults(tmp_path: Path
     )
     result = json.loads(out.strip().splitlines()[-1])
     assert result["problems"] == []
-    assert {"vaco/Reacher-v5/tv_threshold", "vaco/Hopper-v5/n_steps", "lagged_ppo/Hopper-v5/normalize"} <= set(
-        result["checked"]
-    )
+    assert {
+        "vaco/Reacher-v5/tv_threshold",
+        "vaco/Hopper-v5/n_steps",
+        "lagged_ppo/Hopper-v5/normalize",
+        "spo/HalfCheetah-v5/clip_range",
+        "ppo_kl/Hopper-v5/n_steps",
+    } <= set(result["checked"])
+    assert "ppo_kl/Reacher-v5/tv_threshold" not in result["checked"]

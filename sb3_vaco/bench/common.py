@@ -14,8 +14,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 #: The folder holding the ``sb3_vaco`` package: the repository root when it is imported from a checkout.
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 #: Distributions whose versions every record carries.
@@ -125,33 +123,25 @@ def parse_seeds(items: Any) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-#: Algorithms a variant can use besides the zoo's (``sb3_vaco.zoo.ZOO_ALGOS``): the baselines and ablations of
-#: :mod:`sb3_vaco.baselines`, by name in ``sb3_vaco``. Without a ``<algo>.yml`` of their own they take ``vaco.yml``'s
-#: entries (they share VACO's update loop and settings).
-BASELINE_ALGOS = {"vaco_align_only": "VACOAlignOnly", "vaco_filter_only": "VACOFilterOnly", "spo": "SPO", "ppo_kl": "PPOKL"}
-
-
 def algo_classes() -> dict[str, type]:
-    """Every algorithm a variant can name: the zoo's, then the baselines (name → class)."""
-    import sb3_vaco
+    """Every algorithm a variant can name (name → class): the zoo's table of this package."""
     from sb3_vaco.zoo import ZOO_ALGOS
 
-    baselines = {name: getattr(sb3_vaco, class_name) for name, class_name in BASELINE_ALGOS.items()}
-    return {**ZOO_ALGOS, **{name: cls for name, cls in baselines.items() if name not in ZOO_ALGOS}}
+    return dict(ZOO_ALGOS)
 
 
 def zoo_config(algo: str) -> Path:
-    """The zoo config file of ``algo``: the shipped ``<algo>.yml``, else ``vaco.yml`` (a baseline of VACO)."""
-    from sb3_vaco.zoo import HYPERPARAMS_DIR
+    """The zoo config file of ``algo``, with inherited entries resolved (:func:`sb3_vaco.zoo.config_file`)."""
+    from sb3_vaco.zoo import config_file
 
-    path = HYPERPARAMS_DIR / f"{algo}.yml"
-    return path if path.exists() else HYPERPARAMS_DIR / "vaco.yml"
+    return config_file(algo)
 
 
 @functools.cache
 def _zoo_entries(algo: str) -> dict[str, dict[str, Any]]:
-    with open(zoo_config(algo)) as file:
-        return yaml.safe_load(file)
+    from sb3_vaco.zoo import load_entries
+
+    return load_entries(algo)
 
 
 def zoo_entry(algo: str, env_id: str) -> dict[str, Any]:

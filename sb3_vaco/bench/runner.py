@@ -48,9 +48,6 @@ from sb3_vaco.bench.grids import BASE_UPDATE, RELATIVE_VALUE, Grid, UpdateSettin
 
 ERROR_FILE = "error.log"
 SCHEMA_VERSION = 1
-# Algorithms with PPO's clip range ε: a variant takes the env's clip_range from lagged_ppo.yml unless it sets one
-# (see `variant_hyperparams`).
-CLIP_RANGE_ALGOS = ("vaco_align_only", "spo")
 # Hyperparameters the zoo reads itself (not constructor arguments of the algo).
 ZOO_KEYS = frozenset(
     {"normalize", "normalize_kwargs", "n_envs", "monitor_kwargs", "env_kwargs", "frame_stack", "env_wrapper",
@@ -150,16 +147,10 @@ def check_hyperparam_names(variant: Variant, update: UpdateSetting) -> None:
 def variant_hyperparams(variant: Variant, update: UpdateSetting, env_id: str) -> dict[str, Any]:
     """
     The hyperparameters a run hands to the zoo on top of the YAML entry: the variant's, then the update setting's
-    (``xF`` resolved against the YAML value or the constructor default). A VACO policy loss that uses ``clip_range``
-    (VACO's realignment with PPO's clip, SPO) takes the env's value from ``lagged_ppo.yml`` (PPO's tuned clip) when the
-    variant does not set it.
+    (``xF`` resolved against the YAML value or the constructor default).
     """
     entry = zoo_entry(variant.algo, env_id)
     hyperparams = dict(variant.hyperparams)
-    if variant.algo in CLIP_RANGE_ALGOS and "clip_range" not in hyperparams:
-        ppo_clip_range = zoo_entry("lagged_ppo", env_id).get("clip_range")
-        if ppo_clip_range is not None:
-            hyperparams["clip_range"] = ppo_clip_range
     for key, value in update.hyperparams.items():
         relative = RELATIVE_VALUE.match(value) if isinstance(value, str) else None
         if relative:
@@ -405,13 +396,11 @@ def _eval_curve(model: Any, eval_callback: EvalCallback, spec: RunSpec) -> dict[
 def train_and_evaluate(spec: RunSpec, scratch: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
     """Train one run through the zoo's ExperimentManager in ``scratch``; return the result record and progress rows."""
     import gymnasium as gym
-    from rl_zoo3 import utils
 
     from sb3_vaco.zoo import register_algos
     from sb3_vaco.zoo.exp_manager import VACOExperimentManager
 
     register_algos()
-    utils.ALGOS.update(algo_classes())  # the baselines, which the zoo does not register
     start, cpu_start = time.perf_counter(), time.process_time()
     zoo_args = argparse.Namespace(algo=spec.algo, env=spec.env, seed=spec.seed, run_id=spec.run_id)
     # The zoo's manager with VACO's schedules (`tv_threshold: lin_...`) and configuration checks

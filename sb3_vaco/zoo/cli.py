@@ -26,7 +26,7 @@ import runpy
 import sys
 from collections.abc import Callable, Sequence
 
-from sb3_vaco.zoo import HYPERPARAMS_DIR, ZOO_ALGOS, register_algos
+from sb3_vaco.zoo import ZOO_ALGOS, config_file, register_algos
 from sb3_vaco.zoo.exp_manager import VACOExperimentManager, ZooUsageError
 from sb3_vaco.zoo.plots import PLOT_COMMANDS, plot_command, split_figure_options
 
@@ -109,10 +109,10 @@ def _check_env(env_id: str, gym_packages: Sequence[str]) -> None:
 
 
 def _train_args(args: list[str]) -> list[str]:
-    """``train``'s arguments: the shipped YAML as ``--conf-file`` for vaco/lagged_ppo, bare ``-params`` words quoted."""
+    """``train``'s arguments: the shipped YAML as ``--conf-file`` for the package's algorithms, bare words quoted."""
     known = _pre_parse(args)
     if known.algo in ZOO_ALGOS and known.conf_file is None:
-        args = [*args, "--conf-file", str(HYPERPARAMS_DIR / f"{known.algo}.yml")]
+        args = [*args, "--conf-file", str(config_file(known.algo))]
     return _quote_bare_words(args)
 
 
