@@ -7,8 +7,8 @@ Works on a partly finished grid (every number states its n) and on a single seed
 
     python scripts/analyze.py results/demo
     python scripts/analyze.py results/main --out docs/results/main --reps 5000
-    python scripts/analyze.py results/delta results/main --envs HalfCheetah-v5  # pool grids, one env
-    python scripts/analyze.py results/kl results/main --lags 4                  # only some lag settings
+    python scripts/analyze.py results/study/delta results/main --envs HalfCheetah-v5  # pool grids, one env
+    python scripts/analyze.py results/study/kl results/main --lags 4                  # only some lag settings
 
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the

@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
 from sb3_vaco.bench import analysis, runner, study
-from sb3_vaco.bench.common import algo_classes, lag_sort_key, parse_lag, parse_seeds
+from sb3_vaco.bench.common import algo_classes, lag_sort_key, parse_lag, parse_seeds, zoo_entry
 from sb3_vaco.bench.grids import (
     Cell,
     Grid,
@@ -139,10 +139,12 @@ def test_lag_order() -> None:
 
 def test_variant_hyperparams_from_zoo_yaml() -> None:
     align_only, base = VARIANTS["vaco_align_only"], parse_update("base")
-    # PPO's tuned clip range of the env (lagged_ppo.yml): 0.1 on HalfCheetah; none in the InvertedPendulum entry.
-    assert runner.variant_hyperparams(align_only, base, "HalfCheetah-v5") == {"clip_range": 0.1}
-    assert runner.variant_hyperparams(align_only, base, "InvertedPendulum-v5") == {}
-    assert "clip_range" not in runner.variant_hyperparams(VARIANTS["ppo_kl"], base, "Hopper-v5")
+    # A variant adds only its own hyperparameters; the algo's YAML entry (with PPO's tuned clip range, 0.1 on
+    # HalfCheetah-v5, for the clip-based baselines) is the zoo's to apply.
+    assert runner.variant_hyperparams(align_only, base, "HalfCheetah-v5") == {}
+    assert zoo_entry("vaco_align_only", "HalfCheetah-v5")["clip_range"] == 0.1
+    assert "clip_range" not in zoo_entry("vaco_align_only", "InvertedPendulum-v5")
+    assert "clip_range" not in zoo_entry("ppo_kl", "Hopper-v5")
 
     # xF scales the YAML value (Hopper: n_epochs 5, batch_size 32), else the constructor default (n_epochs 10, 64).
     update = parse_update("faster:n_epochs=x2,batch_size=x0.5")
@@ -201,7 +203,7 @@ def test_select_filters_and_overrides() -> None:
     part = select(lag_axis, envs=["Hopper-v5"], lags=["4"], seeds=[7])
     # Only the cells that have Hopper-v5 at lag 4, with the given seeds
     assert [(str(cell.out), cell.envs, cell.lags, cell.seeds) for cell in part.cells] == [
-        ("results/kl", ("Hopper-v5",), ("4",), (7,))
+        ("results/study/kl", ("Hopper-v5",), ("4",), (7,))
     ]
     with pytest.raises(ValueError, match="Walker2d-v5 not in grid 'lag_axis'"):
         select(lag_axis, envs=["Walker2d-v5"])

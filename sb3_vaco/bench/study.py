@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 ENVS = ("HalfCheetah-v5", "Hopper-v5", "InvertedPendulum-v5")
-LAG_RESULTS = ("main", "delta", "ip", "lagscale", "feedback", "ablations", "kl")
+LAG_RESULTS = ("main", "study/delta", "study/ip", "study/lagscale", "study/feedback", "study/ablations", "study/kl")
 #: Variants on the score-vs-lag plot, in legend order: name in the results, label.
 LAG_VARIANTS = {
     "lagged_ppo": "LaggedPPO (SB3's PPO)",
@@ -51,7 +51,7 @@ class DeltaSeries:
 
 
 #: Run sets of the δ plot, loaded apart: the 100k-step screen repeats the 300k grid's run names.
-DELTA_RESULTS = (("main", "delta"), ("screen",))
+DELTA_RESULTS = (("main", "study/delta"), ("study/screen",))
 DELTA_SERIES = (
     # Without lag the decoupled filter is the behavior filter: δ = 0.05 is `vaco_x05`'s lag-0 runs.
     DeltaSeries(
