@@ -305,6 +305,12 @@ def test_invalid_baseline_hyperparameters_name_the_parameter(algo, kwargs):
         algo("MlpPolicy", "CartPole-v1", **kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [{"n_steps": "64"}, {"batch_size": 16.5}, {"n_epochs": 2.5}])
+def test_lagged_ppo_rejects_non_integer_sizes(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        LaggedPPO("MlpPolicy", "CartPole-v1", **kwargs)
+
+
 def test_truncated_last_minibatch_warns_as_in_ppo():
     with pytest.warns(UserWarning, match="truncated mini-batch"):
         VACO("MlpPolicy", "CartPole-v1", n_steps=30, batch_size=16)

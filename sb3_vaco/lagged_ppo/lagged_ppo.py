@@ -4,6 +4,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv
 
+from sb3_vaco.common.aligned import check_integer
 from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm, PolicyLagSpec, parse_policy_lag
 
 
@@ -41,6 +42,10 @@ class LaggedPPO(LaggedOnPolicyAlgorithm, PPO):
         **kwargs: Any,
     ):
         parse_policy_lag(policy_lag)
+        # PPO's constructor would fail on these with a bare TypeError, or accept 16.5 and fail later
+        for name in ("n_steps", "batch_size", "n_epochs"):
+            if name in kwargs:
+                check_integer(name, kwargs[name])
         # Set before PPO's constructor, which may build the model (and the lag ring with it).
         self.policy_lag = policy_lag
         super().__init__(
