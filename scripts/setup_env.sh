@@ -11,6 +11,6 @@ stamp=.venv/.sb3_vaco_installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
   # torch first and pinned: the CPU build this machine has on disk (an unpinned torch pulls a multi-GB CUDA build).
   .venv/bin/pip install --quiet torch==2.13.0
-  .venv/bin/pip install --quiet -e '.[extra,mujoco,tests,zoo,bench,ray]'
+  .venv/bin/pip install --quiet -e '.[extra,mujoco,tests,zoo,bench,ray,llm]'
   touch "$stamp"
 fi
