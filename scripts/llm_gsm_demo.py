@@ -151,6 +151,8 @@ def load_model_and_data(
     args: argparse.Namespace, seed: int
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[Problem], list[Problem]]:
     """The model (after its warm-up), its tokenizer, and the training / held-out problems."""
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
     if args.model is None:
         tokenizer = build_tokenizer()
         model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.num_layers, seed=seed)
@@ -163,7 +165,7 @@ def load_model_and_data(
         dtype = th.bfloat16 if args.bf16 else th.float32
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
         if th.cuda.is_available():
-            model = model.to("cuda")
+            model = model.to("cuda")  # type: ignore[arg-type]
     if args.dataset is None:
         train = make_word_problems(args.n_train, seed=10_000 + seed, max_number=args.max_number)
         held_out = make_word_problems(args.n_eval, seed=99, max_number=args.max_number)  # same for every seed

@@ -449,3 +449,28 @@ def test_study_lag_points() -> None:
     points = study.lag_points(runs, reps=50, rng=np.random.default_rng(0)).set_index(["variant", "lag"])
     assert sorted(points.index) == [("lagged_ppo", "0"), ("vaco", "0"), ("vaco", "4")]
     assert points.loc[("vaco", "0"), "n"] == 2 and points.loc[("vaco", "0"), "mean"] == 11.0
+
+
+def test_robustness_table_flags_envs_worse_than_the_baseline() -> None:
+    """IQM ratios to the baseline and to lag 0 in closed form, and the env whose ratio CI lies below 1 is named."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(5):
+        jitter = 0.001 * seed
+        for env, vaco_score in (("A", 2.0), ("B", 0.5)):
+            rows.append({"env": env, "algorithm": "lagged_ppo", "lag": "4", "seed": seed, "final_norm": 1.0 + jitter})
+            rows.append({"env": env, "algorithm": "vaco", "lag": "4", "seed": seed, "final_norm": vaco_score + jitter})
+            rows.append({"env": env, "algorithm": "vaco", "lag": "0", "seed": seed, "final_norm": 1.0 + jitter})
+    runs = pd.DataFrame(rows)
+    runs["auc_norm"] = runs["final_norm"]
+    versus_reference, _ = analysis.ratio_tables(runs, ["lagged_ppo", "vaco"], "lagged_ppo", 200, rng)
+    table = analysis.robustness_table(runs, ["lagged_ppo", "vaco"], "lagged_ppo", versus_reference, 200, rng)
+    lag4 = table[table["lag"] == "4"].iloc[0]
+    scores = np.array([[2.0 + 0.001 * s, 0.5 + 0.001 * s] for s in range(5)])
+    baseline = np.array([[1.0 + 0.001 * s] * 2 for s in range(5)])
+    from rliable import metrics
+
+    assert lag4["IQM / baseline"].value == pytest.approx(metrics.aggregate_iqm(scores) / metrics.aggregate_iqm(baseline))
+    assert lag4["IQM / own lag 0"].value == pytest.approx(metrics.aggregate_iqm(scores) / metrics.aggregate_iqm(baseline))
+    assert lag4["envs worse (CI < 1)"] == "B"
+    assert table[table["lag"] == "0"].iloc[0]["envs worse (CI < 1)"] == "none"

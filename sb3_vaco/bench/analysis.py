@@ -4,7 +4,7 @@ gap) with stratified-bootstrap 95% confidence intervals, probability of improvem
 each lag, score ratios, learning curves and score-vs-lag plots, and a markdown report (:func:`analyze`).
 
 Works on a partly finished grid (every number states its n) and on a single seed (CIs shown as n/a). Writes
-``results.md``, ``runs.csv``, ``aggregate.csv``, ``score_vs_lag.png``, ``learning_curves.png`` and
+``results.md``, ``runs.csv``, ``aggregate.csv``, ``robustness.csv``, ``score_vs_lag.png``, ``learning_curves.png`` and
 ``aggregate_intervals.png``; ``docs/benchmarks.md`` explains the scores and their normalization.
 """
 
@@ -283,6 +283,53 @@ def ratio_tables(
     return pd.DataFrame(versus_reference), pd.DataFrame(versus_lag0)
 
 
+def _iqm_ratio(x: np.ndarray, y: np.ndarray) -> float:
+    denominator = float(metrics.aggregate_iqm(y))
+    return float(metrics.aggregate_iqm(x)) / denominator if denominator != 0 else np.nan
+
+
+def robustness_table(
+    runs: pd.DataFrame,
+    algorithms: Sequence[str],
+    reference: str,
+    versus_reference: pd.DataFrame,
+    reps: int,
+    rng: np.random.Generator,
+) -> pd.DataFrame:
+    """
+    Per algorithm and lag, on final scores: the aggregate IQM over envs relative to the reference's at the same lag
+    and to the algorithm's own at lag 0 (each over the envs both cells have, stratified independent bootstrap), and
+    the envs whose per-env ratio to the reference has its CI's upper bound below 1 (worse than the reference).
+    """
+    rows = []
+    for algorithm in algorithms:
+        baseline = reference_for(algorithm, reference)
+        if algorithm == baseline:
+            continue
+        own = runs[runs["algorithm"] == algorithm]
+        for lag in ordered_lags(own):
+            cell = own[own["lag"] == lag]
+            row: dict[str, Any] = {"algorithm": algorithm, "baseline": baseline, "lag": lag}
+            for column, other in (
+                ("IQM / baseline", runs[(runs["algorithm"] == baseline) & (runs["lag"] == lag)]),
+                ("IQM / own lag 0", own[own["lag"] == "0"] if lag != "0" else own.iloc[:0]),
+            ):
+                envs = sorted(set(cell["env"]) & set(other["env"]))
+                if column == "IQM / baseline":
+                    row["envs"] = len(envs)
+                if envs:
+                    matrices = [score_matrix(frame, "final_norm", envs) for frame in (cell, other)]
+                    row[column] = stratified_bootstrap(_iqm_ratio, matrices, reps, rng)
+            ratios = versus_reference
+            if not ratios.empty:
+                ratios = ratios[(ratios["algorithm"] == algorithm) & (ratios["lag"] == lag)]
+            worse = [env for env, ratio in zip(ratios.get("env", []), ratios.get("final", []), strict=True)
+                     if ratio.high is not None and ratio.high < 1.0]  # fmt: skip
+            row["envs worse (CI < 1)"] = ", ".join(worse) or "none"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def cell_table(runs: pd.DataFrame, algorithms: Sequence[str]) -> pd.DataFrame:
     """Raw scores and diagnostics per env, algorithm and lag (mean ± sd over seeds)."""
     rows = []
@@ -306,6 +353,12 @@ def cell_table(runs: pd.DataFrame, algorithms: Sequence[str]) -> pd.DataFrame:
     return table.sort_values("_order").drop(columns="_order")
 
 
+def _cell_text(value: Any) -> str:
+    if isinstance(value, Interval):
+        return value.format()
+    return "–" if isinstance(value, float) and np.isnan(value) else str(value)
+
+
 def markdown_table(table: pd.DataFrame) -> str:
     """A DataFrame as a GitHub markdown table (Interval cells formatted with their CI)."""
     if table.empty:
@@ -313,7 +366,7 @@ def markdown_table(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(map(str, table.columns)) + " |"
     lines = [header, "|" + "---|" * len(table.columns)]
     for values in table.itertuples(index=False):
-        cells = [value.format() if isinstance(value, Interval) else str(value) for value in values]
+        cells = [_cell_text(value) for value in values]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -533,6 +586,13 @@ def write_report(
         "Ratio of mean normalized scores at lag L to lag 0: how much of its lag-0 score an algorithm keeps.",
         "",
         markdown_table(tables["versus_lag0"]),
+        f"### Robustness: aggregate IQM relative to {reference} and to lag 0 (final score)",
+        "",
+        "IQM over envs of the normalized final scores, as a ratio to the baseline's IQM at the same lag and to the same "
+        "algorithm's IQM at lag 0, with CIs; and the envs at that lag where the per-env ratio to the baseline has its CI "
+        "entirely below 1.",
+        "",
+        markdown_table(tables["robustness"]),
         "### Per cell: raw returns and diagnostics",
         "",
         "Diagnostics are means over each run's iterations, then over seeds: measured lag (in updates and in gradient "
@@ -582,6 +642,9 @@ def analyze(
         "versus_lag0": versus_lag0,
         "cells": cell_table(runs, algorithms),
     }
+    # Its own generator, so that adding this table left every other CI of a given seed unchanged
+    robustness_rng = np.random.default_rng(seed + 1)
+    tables["robustness"] = robustness_table(runs, algorithms, reference, versus_reference, reps, robustness_rng)
     write_report(out_dir, results_dirs, runs, constants, tables, reference, reps)
     plot_score_vs_lag(runs, tables["aggregate"], algorithms, out_dir / "score_vs_lag.png", reps, rng)
     plot_learning_curves(runs, curves, algorithms, out_dir / "learning_curves.png")
@@ -594,4 +657,11 @@ def analyze(
         aggregate[f"{metric} low"] = [i.low for i in intervals]
         aggregate[f"{metric} high"] = [i.high for i in intervals]
     atomic_write_text(out_dir / "aggregate.csv", aggregate.to_csv(index=False))
+    robustness = tables["robustness"].copy()
+    for column in ("IQM / baseline", "IQM / own lag 0"):
+        if column in robustness:
+            intervals = robustness.pop(column)
+            for suffix, part in (("", "value"), (" low", "low"), (" high", "high")):
+                robustness[column + suffix] = [getattr(i, part) if isinstance(i, Interval) else np.nan for i in intervals]
+    atomic_write_text(out_dir / "robustness.csv", robustness.to_csv(index=False))
     return runs
