@@ -224,15 +224,14 @@ def test_grids_file_builds_with_todays_options() -> None:
 
 def test_grid_folders_and_run_names_are_kept() -> None:
     # Committed results and interrupted grids are found by these folders and names.
+    # Every committed run of issue 20's screen is a run of its grid, so rerunning the grid resumes it
     robust = runner.grid_runs(GRIDS.grid("robust_screen"), REPO, {})
     assert {run.out_dir for run in robust} == {REPO / "results" / "robust"}
-    assert {run.variant for run in robust} == {"vaco_learner", "vaco_rho4", "vaco_anchor20"}
-    assert {(run.env, run.lag) for run in robust} == {
-        ("InvertedPendulum-v5", "16"),
-        ("Hopper-v5", "16"),
-        ("HalfCheetah-v5", "4"),
+    committed = {
+        path.parent.relative_to(REPO / "results" / "robust")
+        for path in (REPO / "results" / "robust").glob("*/*/*/*/result.json")
     }
-    assert len(robust) == 3 * 3 * 3 and {run.n_timesteps for run in robust} == {300_000}
+    assert committed and committed <= {Path(run.run_id) for run in robust}
     assert {run.hyperparams["pg_rho_bar"] for run in robust if run.variant == "vaco_rho4"} == {4}
     sweep = runner.grid_runs(GRIDS.grid("sweep"), REPO, {})
     assert "vaco+tv_threshold=0.025+vtrace_rho_bar=0.5+pg_rho_bar=0.5" in {run.variant for run in sweep}
