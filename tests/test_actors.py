@@ -307,13 +307,13 @@ def test_invalid_actor_settings_name_the_parameter(kwargs, match):
 
 @pytest.fixture
 def ray_env(monkeypatch):
-    pytest.importorskip("ray")
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # listen on 127.0.0.1 only
+    ray = pytest.importorskip("ray")
+    # Listen on 127.0.0.1 only: the variable for Ray's own processes, the constant it set when `ray` was imported
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token written under the home folder
     temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     yield dict(num_cpus=2, ray_init_kwargs={"_temp_dir": temp_dir, "log_to_driver": False})
-    import ray
-
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
 

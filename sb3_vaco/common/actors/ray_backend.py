@@ -4,9 +4,10 @@ Actors as Ray actors, on this machine or on a cluster (optional extra: ``pip ins
 The learner (Ray driver) keeps ``max_pending_segments`` ``collect`` calls in flight per actor. Each call carries the
 newest published parameters as an object reference (``ray.put`` once per version; ``None`` when the actor already
 has them): the same rule as the process backend, the actor acts with the newest version at the start of a segment.
-A call that fails because its actor died (``RayActorError``) or that has not finished after ``actor_timeout``
-seconds gets its actor killed and replaced (the loop is :class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this
-module implements its primitives); an exception raised by the actor's code is re-raised in the learner.
+A call that fails because its actor died (``RayActorError``) or whose result was lost with the actor's node
+(``ObjectLostError``), or that has not finished after ``actor_timeout`` seconds, gets its actor killed and replaced
+(the loop is :class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this module implements its primitives); an
+exception raised by the actor's code is re-raised in the learner.
 """
 
 import dataclasses
@@ -150,6 +151,11 @@ class RayActorBackend(ActorBackend):
             segment = ray.get(ready[0])
         except ray.exceptions.RayActorError as error:
             return slot, ActorExit(f"died ({type(error).__name__})")
+        except ray.exceptions.ObjectLostError as error:
+            # A segment too large to return inline (Ray's max_direct_call_object_size, 100 KiB) waits in the object
+            # store of its actor's node until the learner fetches it: a node that dies meanwhile takes it along (and
+            # the actor with it). ObjectReconstructionFailedError, OwnerDiedError, ... are ObjectLostErrors.
+            return slot, ActorExit(f"lost its segment with its node ({type(error).__name__})")
         except ray.exceptions.RayTaskError as error:
             return slot, ActorFailure(slot.actor_id, str(error))
         self._submit(slot)
