@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
 from sb3_vaco.bench import analysis, runner, study
-from sb3_vaco.bench.common import algo_classes, lag_sort_key, parse_lag, parse_seeds, zoo_entry
+from sb3_vaco.bench.common import lag_sort_key, parse_lag, parse_seeds, zoo_entry
 from sb3_vaco.bench.grids import (
     Cell,
     Grid,
@@ -30,6 +30,7 @@ from sb3_vaco.bench.grids import (
     parse_variant,
     select,
 )
+from sb3_vaco.zoo import ZOO_ALGOS
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
@@ -217,7 +218,7 @@ def test_grids_file_builds_with_todays_options() -> None:
     # Every grid builds (its hyperparameter names exist), and every variant passes its algorithm's own checks.
     for grid in GRIDS.grids.values():
         assert runner.grid_runs(grid, REPO, {}), grid.name
-    classes = algo_classes()
+    classes = ZOO_ALGOS
     for variant in VARIANTS.values():
         classes[variant.algo]("MlpPolicy", None, _init_setup_model=False, **variant.hyperparams)
 

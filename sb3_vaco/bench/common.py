@@ -123,20 +123,6 @@ def parse_seeds(items: Any) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def algo_classes() -> dict[str, type]:
-    """Every algorithm a variant can name (name → class): the zoo's table of this package."""
-    from sb3_vaco.zoo import ZOO_ALGOS
-
-    return dict(ZOO_ALGOS)
-
-
-def zoo_config(algo: str) -> Path:
-    """The zoo config file of ``algo``, with inherited entries resolved (:func:`sb3_vaco.zoo.config_file`)."""
-    from sb3_vaco.zoo import config_file
-
-    return config_file(algo)
-
-
 @functools.cache
 def _zoo_entries(algo: str) -> dict[str, dict[str, Any]]:
     from sb3_vaco.zoo import load_entries

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from sb3_vaco.bench.common import algo_classes, lag_label, parse_lag, parse_seeds
+from sb3_vaco.bench.common import lag_label, parse_lag, parse_seeds
 
 BASE_UPDATE = "base"
 DEFAULT_N_EVAL_EPISODES = 10
@@ -186,7 +186,9 @@ def parse_update(spec: str) -> UpdateSetting:
 
 
 def _zoo_algos() -> tuple[str, ...]:
-    return tuple(algo_classes())
+    from sb3_vaco.zoo import ZOO_ALGOS
+
+    return tuple(ZOO_ALGOS)
 
 
 def _check_keys(entry: Any, valid: Mapping[str, str], where: str) -> dict[str, Any]:

@@ -35,16 +35,15 @@ from sb3_vaco.bench.common import (
     PROGRESS_FILE,
     RESULT_FILE,
     LagSetting,
-    algo_classes,
     atomic_write_text,
     lag_label,
     package_versions,
     parse_lag,
     use_one_thread,
-    zoo_config,
     zoo_entry,
 )
 from sb3_vaco.bench.grids import BASE_UPDATE, RELATIVE_VALUE, Grid, UpdateSetting, Variant
+from sb3_vaco.zoo import ZOO_ALGOS, config_file
 
 ERROR_FILE = "error.log"
 SCHEMA_VERSION = 1
@@ -102,19 +101,15 @@ class RunOutcome:
 
 
 def constructor_parameters(cls: type) -> dict[str, inspect.Parameter]:
-    """Named constructor arguments of ``cls``, along its class hierarchy (``LaggedPPO`` → ``PPO`` → ...)."""
-    parameters: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            for name, parameter in inspect.signature(vars(klass)["__init__"]).parameters.items():
-                if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) and name != "self":
-                    parameters.setdefault(name, parameter)
-    return parameters
+    """The zoo's :func:`~sb3_vaco.zoo.exp_manager.constructor_parameters`, imported when needed (it imports rl_zoo3)."""
+    from sb3_vaco.zoo.exp_manager import constructor_parameters as zoo_constructor_parameters
+
+    return zoo_constructor_parameters(cls)
 
 
 def _constructor_default(algo: str, key: str) -> Any:
     """Default of constructor argument ``key`` of the algo."""
-    parameter = constructor_parameters(algo_classes()[algo]).get(key)
+    parameter = constructor_parameters(ZOO_ALGOS[algo]).get(key)
     if parameter is None or parameter.default is inspect.Parameter.empty:
         raise ValueError(f"{key!r} is neither in the YAML entry nor an argument of {algo} with a default")
     return parameter.default
@@ -136,7 +131,7 @@ def check_hyperparam_names(variant: Variant, update: UpdateSetting) -> None:
     Every hyperparameter of the variant and the update setting must be a constructor argument of the zoo algo or a
     key the zoo reads itself: an option that no longer exists fails here, before any run starts.
     """
-    valid = set(constructor_parameters(algo_classes()[variant.algo])) | ZOO_KEYS
+    valid = set(constructor_parameters(ZOO_ALGOS[variant.algo])) | ZOO_KEYS
     owners = {f"variant {variant.name!r}": variant.hyperparams, f"update {update.label!r}": update.hyperparams}
     for owner, hyperparams in owners.items():
         unknown = sorted(set(hyperparams) - valid)
@@ -417,7 +412,7 @@ def train_and_evaluate(spec: RunSpec, scratch: Path) -> tuple[dict[str, Any], li
         log_interval=-1,
         verbose=0,
         device="cpu",
-        config=str(zoo_config(spec.algo)),
+        config=str(config_file(spec.algo)),
     )
     setup = manager.setup_experiment()
     assert setup is not None
