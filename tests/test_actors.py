@@ -1,13 +1,18 @@
 """Asynchronous actors (process and Ray backends): training, measured lag, faults, shutdown, settings."""
 
+import json
+import math
 import multiprocessing as mp
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -299,6 +304,44 @@ def test_invalid_actor_settings_name_the_parameter(kwargs, match):
             continue  # PPO only warns about batch_size
         with pytest.raises(ValueError, match=match):
             algo("MlpPolicy", env, **{**TINY, **kwargs})
+
+
+def test_throughput_script_quick_mode(tmp_path):
+    """scripts/actors_throughput.py's small-budget mode runs end to end and writes the table (no speed is checked)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "actors_throughput.py"
+    command = [sys.executable, str(script), "throughput", "--quick", "--cases", "latency", "--latency-ms", "1"]
+    command += ["--counts", "1", "2", "--methods", "ppo", "process", "--rollouts", "3", "--out", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=script.parents[1], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    report = json.loads((tmp_path / "throughput.json").read_text())
+    rows = report["rows"]
+    assert [(row["case"], row["n"], row["method"]) for row in rows] == [
+        ("latency-1ms", n, method) for n in (1, 2) for method in ("ppo", "process")
+    ]
+    common = {"case", "env", "latency_ms", "n", "method", "steps_per_s", "startup_s", "wall_s", "timesteps", "rollouts"}
+    actors = {"lag_mean", "lag_max", "lag_versions", "learner_idle", "actor_idle", "actor_collect_s"}
+    for row in rows:
+        assert "error" not in row and common <= set(row)
+        assert row["timesteps"] == 3 * 32 * row["n"] and row["rollouts"] == 3  # --quick: n_steps 32
+        assert math.isfinite(row["steps_per_s"]) and math.isfinite(row["startup_s"])
+        if row["method"] == "process":
+            assert actors <= set(row)
+            # the distribution covers every buffer column of the rollouts after the first
+            assert sum(row["lag_versions"].values()) == 2 * row["n"]
+            assert 0.0 <= row["learner_idle"] <= 1.0 and 0.0 <= row["actor_idle"] <= 1.0
+        else:
+            assert not actors & set(row)
+    assert {"machine", "load_average_before", "load_average_after", "commit", "command", "cases"} <= set(report)
+
+    markdown = (tmp_path / "throughput.md").read_text()
+    columns = ["case", "N", "method", "steps/s", "vs PPO", "start-up (s)", "lag mean", "lag: versions (columns)"]
+    header = "| " + " | ".join([*columns, "learner idle", "actors idle"]) + " |"
+    assert header in markdown and header in run.stdout
+    table = markdown[markdown.index(header) :].splitlines()
+    assert len([line for line in table[2:] if line.startswith("| latency-1ms |")]) == 4
+    assert all(line.count("|") == header.count("|") for line in table[2:6])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -232,6 +232,8 @@ class Segment:
     :param obs_moments: VecNormalize: ``{key: (mean, var, count)}`` of the raw observations (key ``""`` for non-dict)
     :param return_moments: VecNormalize: ``(mean, var, count)`` of the raw discounted returns
     :param collect_seconds: wall time spent stepping the envs for this segment
+    :param idle_seconds: wall time the actor waited for the learner to take its earlier segments before starting this
+        one (backpressure: ``max_pending_segments``)
     """
 
     actor_id: int
@@ -250,6 +252,7 @@ class Segment:
     obs_moments: dict[str, tuple[np.ndarray, np.ndarray, int]] | None = None
     return_moments: tuple[np.ndarray, np.ndarray, int] | None = None
     collect_seconds: float = 0.0
+    idle_seconds: float = 0.0
 
     @property
     def n_transitions(self) -> int:

@@ -257,6 +257,8 @@ class ActorPool:
         model.logger.record("rollout/actor_restarts", self.restarts)
         model.logger.record("rollout/actor_segments_dropped", self.dropped_segments)
         model.logger.record("rollout/actor_wait_time", self.wait_seconds)
+        model.logger.record("rollout/actor_collect_time", float(np.mean([s.collect_seconds for s in batch.segments])))
+        model.logger.record("rollout/actor_idle_time", float(np.mean([s.idle_seconds for s in batch.segments])))
 
         callback.update_locals(locals())
         callback.on_rollout_end()

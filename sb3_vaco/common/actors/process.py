@@ -6,9 +6,12 @@ Every actor owns its own channels, so that an actor killed at any instant can on
 * a one-way ``Pipe`` actor → learner for its segments (numpy arrays, pickled): a killed actor's pipe reads as EOF;
 * a weights slot in shared memory the learner owns (``RawArray`` of float64 + version + lock), written by the learner
   on :meth:`publish` and copied by the actor at the start of each segment when its version changed;
-* shared counters the learner reads without locks: a heartbeat (time of the actor's last step), the time its
-  pending segment was finished (to take the oldest first) and the number of its segments the learner consumed
-  (backpressure: an actor idles while it has ``max_pending_segments`` segments not yet consumed).
+* shared counters the learner reads without locks: a heartbeat (time of the actor's last step) and the time its
+  pending segment was finished (to take the oldest first);
+* a semaphore counting the segments the actor may still finish before the learner takes one (backpressure: it starts
+  at ``max_pending_segments``, the actor takes one before each segment, the learner gives one back for every segment
+  it receives). An actor with none left blocks on it (waking every ``_IDLE_BEAT_SECONDS`` to beat and to check for a
+  stop), and resumes as soon as the learner takes a segment.
 
 A shared ``multiprocessing.Queue`` would be simpler, but an actor killed while writing to it corrupts it for all
 (Python's documentation warns about exactly that). The health / replace loop is
@@ -19,6 +22,7 @@ import atexit
 import dataclasses
 import multiprocessing as mp
 import signal
+import sys
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -26,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import cloudpickle
+import gymnasium as gym
 import numpy as np
 
 from sb3_vaco.common.actors.base import (
@@ -49,6 +54,7 @@ from sb3_vaco.common.actors.worker import (
 
 _LOCK_TIMEOUT = 0.2
 _JOIN_SECONDS = 3.0
+_IDLE_BEAT_SECONDS = 0.05  # an actor waiting for the learner beats and checks for a stop this often
 
 
 def _actor_main(
@@ -62,7 +68,7 @@ def _actor_main(
     lock: Any,
     heartbeat: Any,
     ready_since: Any,
-    consumed: Any,
+    free_slots: Any,
     stop: Any,
 ) -> None:
     """The actor process: collect segments with the newest published weights until told to stop or orphaned."""
@@ -77,28 +83,36 @@ def _actor_main(
         beat()
         return not stop.value and (parent is None or parent.is_alive())
 
+    def wait_for_free_slot() -> float | None:
+        """Backpressure: block until fewer than ``max_pending_segments`` of our segments wait for the learner.
+        Returns the seconds waited, or None if told to stop (or orphaned) meanwhile."""
+        start = time.perf_counter()
+        while not free_slots.acquire(timeout=_IDLE_BEAT_SECONDS):
+            if not running():
+                return None
+        return time.perf_counter() - start
+
     worker = None
     try:
         spec: ActorSpec = cloudpickle.loads(spec_bytes)
         worker = ActorWorker(spec, actor_id, incarnation)
         flat = np.frombuffer(weights, dtype=np.float64)
-        sent = 0
         while running():
-            if sent - consumed.value >= spec.max_pending_segments:
-                time.sleep(0.002)  # backpressure: the learner has not taken our last segment(s) yet
-                continue
+            idle_seconds = wait_for_free_slot()
+            if idle_seconds is None or not running():
+                break
             if weights_version.value != worker.version:
                 with lock:
                     version = int(weights_version.value)
                     payload = unflatten_payload(flat.copy(), layout)
                 worker.set_weights(version, payload)
             segment = worker.collect(on_step=beat)
+            segment.idle_seconds = idle_seconds
             worker.sleep_delay(running)
             if not running():
                 break
             ready_since.value = time.time()
             conn.send(segment)
-            sent += 1
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass  # the learner closed our pipe: it is shutting down
     except Exception:
@@ -112,6 +126,20 @@ def _actor_main(
         conn.close()
 
 
+def _env_modules(spec: ActorSpec) -> list[str]:
+    """
+    The module of the actors' env's entry point, for the fork server to import once: when the env is a registered id
+    and this process imported that module already (the fork server survives only an ImportError while preloading).
+    """
+    try:
+        env_fn = cloudpickle.loads(spec.env_fn)
+        entry_point = gym.spec(env_fn).entry_point if isinstance(env_fn, str) else None
+    except Exception:  # not registered (the actor reports it), or not loadable here: nothing to preload
+        return []
+    module = entry_point.split(":")[0] if isinstance(entry_point, str) else None
+    return [module] if module in sys.modules else []
+
+
 @dataclasses.dataclass
 class _Slot(ActorSlot):
     """One running actor and the channels it owns."""
@@ -123,7 +151,7 @@ class _Slot(ActorSlot):
     lock: Any
     heartbeat: Any  # time.time() of the actor's last sign of life; 0 until it started
     ready_since: Any  # when its pending segment was finished
-    consumed: Any  # segments of this actor taken by the learner
+    free_slots: Any  # semaphore: segments the actor may still finish before the learner takes one (backpressure)
 
 
 class ProcessActorBackend(ActorBackend):
@@ -144,8 +172,9 @@ class ProcessActorBackend(ActorBackend):
             # The fork server (one per learner process, started on first use) imports torch and SB3 once; every actor,
             # replacements included, then starts as a fork of it instead of importing them again. No effect if a
             # fork server already runs (e.g. started by a SubprocVecEnv).
-            # torch imports torch._dynamo lazily, at the first manual_seed() / optimizer: seconds, so preload it too.
-            self._ctx.set_forkserver_preload(["__main__", __name__, "torch._dynamo"])
+            # torch imports torch._dynamo lazily, at the first manual_seed() / optimizer: seconds, so preload it too;
+            # and the module of a registered env's entry point (MuJoCo's envs: a fifth of a second per actor).
+            self._ctx.set_forkserver_preload(["__main__", __name__, "torch._dynamo", *_env_modules(spec)])
         self._start_method = start_method
         self._spec_bytes = cloudpickle.dumps(spec)
         self._slots: dict[int, _Slot] = {}
@@ -176,7 +205,7 @@ class ProcessActorBackend(ActorBackend):
             lock=ctx.Lock(),
             heartbeat=ctx.RawValue("d", 0.0),
             ready_since=ctx.RawValue("d", 0.0),
-            consumed=ctx.RawValue("q", 0),
+            free_slots=ctx.Semaphore(self.spec.max_pending_segments),
         )
         process = ctx.Process(  # type: ignore[attr-defined]
             target=_actor_main,
@@ -221,7 +250,7 @@ class ProcessActorBackend(ActorBackend):
             slot.process.join(timeout=1.0)
             return slot, ActorExit(f"exited (exit code {slot.process.exitcode})")
         if isinstance(message, Segment):
-            slot.consumed.value += 1
+            slot.free_slots.release()  # the actor may start its next segment
         return slot, message
 
     def _exit_reason(self, slot: _Slot) -> str | None:

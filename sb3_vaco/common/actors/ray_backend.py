@@ -40,6 +40,7 @@ class _RayActor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the actors
         self.worker: ActorWorker | None = None
         self.error: str | None = None
+        self.finished_at: float | None = None  # when the previous collect() returned (for the idle time)
         try:
             self.worker = ActorWorker(cloudpickle.loads(spec_bytes), actor_id, incarnation)
         except Exception:
@@ -50,12 +51,16 @@ class _RayActor:
         return os.getpid()
 
     def collect(self, version: int, payload: Payload | None) -> Segment:
+        # Idle: since the previous segment was returned (the learner submits the next call once it has taken it).
+        idle_seconds = 0.0 if self.finished_at is None else time.perf_counter() - self.finished_at
         if self.worker is None:
             raise RuntimeError(f"the actor could not be built:\n{self.error}")
         if payload is not None:
             self.worker.set_weights(version, payload)
         segment = self.worker.collect()
+        segment.idle_seconds = idle_seconds
         self.worker.sleep_delay()
+        self.finished_at = time.perf_counter()
         return segment
 
 

@@ -48,9 +48,14 @@ def make_payload(policy: ActorCriticPolicy, vec_normalize: VecNormalize | None) 
 
 def load_payload(payload: Payload, policy: ActorCriticPolicy, vec_normalize: VecNormalize | None) -> None:
     """Inverse of :func:`make_payload`: parameters into ``policy``, statistics into ``vec_normalize``."""
-    # th.tensor copies: Ray hands the payload over as read-only arrays in its object store, which th.as_tensor would
-    # wrap (with torch's "NumPy array is not writable" warning); load_state_dict casts to each parameter's dtype.
-    state_dict = {name[len("policy/") :]: th.tensor(array) for name, array in payload.items() if name.startswith("policy/")}
+    # load_state_dict copies into the parameters (casting to their dtype), so writable arrays (the process backend's
+    # private copy of the shared weights) are wrapped without a copy; read-only ones (Ray hands the payload over from
+    # its object store) are copied, as th.as_tensor would wrap them with torch's "NumPy array is not writable" warning.
+    state_dict = {
+        name[len("policy/") :]: th.as_tensor(array) if array.flags.writeable else th.tensor(array)
+        for name, array in payload.items()
+        if name.startswith("policy/")
+    }
     policy.load_state_dict(state_dict)
     if vec_normalize is not None:
         if isinstance(vec_normalize.obs_rms, dict):
