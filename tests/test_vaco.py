@@ -178,8 +178,7 @@ def test_everything_filtered_never_gives_nan():
     "algo, kwargs",
     [
         (VACO, {"tv_reference": "behavior"}),
-        (VACO, {"tv_reference": "learner"}),
-        (VACO, {"data_tv_limit": 0.01}),
+        (VACO, {"tv_behavior_limit": None}),
         (VACO, VACO.PAPER),
         (VACOAlignOnly, {"clip_range": 0.1}),
         (VACOFilterOnly, {}),
@@ -203,19 +202,8 @@ def test_baselines_change_one_part_each():
     assert VACOFilterOnly._policy_loss is VACO._policy_loss
 
 
-def test_data_tv_limit_drops_samples_moving_away_from_the_data():
-    """With a second budget of ~0 on the distance to the data, the anchor is on and drops samples."""
-    kwargs = dict(seed=0, policy_lag=2, tv_threshold=10.0, ratio_bound=None, learning_rate=1e-2, **TINY)
-    anchored = VACO("MlpPolicy", "Pendulum-v1", data_tv_limit=1e-6, **kwargs).learn(TINY["n_steps"] * 5)
-    values = anchored.logger.name_to_value
-    assert values["train/anchor_active_fraction"] > 0.5
-    assert values["train/filter_active_fraction"] == 0.0 and values["train/filtered_fraction"] > 0.0
-    free = VACO("MlpPolicy", "Pendulum-v1", **kwargs).learn(TINY["n_steps"] * 5)
-    assert free.logger.name_to_value["train/filtered_fraction"] == 0.0
-
-
 def test_ratio_bound_is_logged_and_only_tightens_the_filter():
-    kwargs = dict(seed=0, policy_lag=1, tv_threshold=10.0, learning_rate=1e-2, **TINY)
+    kwargs = dict(seed=0, policy_lag=1, tv_threshold=10.0, tv_behavior_limit=None, learning_rate=1e-2, **TINY)
     model = VACO("MlpPolicy", "CartPole-v1", ratio_bound=1e-4, **kwargs).learn(256)
     # With an unreachable budget the bound is the only reason to drop a sample.
     values = model.logger.name_to_value
@@ -273,13 +261,11 @@ def test_realignment_at_zero_lag_is_sb3_gae_with_the_learner_critic():
         ({"tv_threshold": -0.1}, "tv_threshold"),
         ({"vtrace_rho_bar": 0.0}, "vtrace_rho_bar"),
         ({"vtrace_c_bar": -1.0}, "vtrace_c_bar"),
-        ({"pg_rho_bar": 0.0}, "pg_rho_bar"),
         ({"ratio_bound": 0.0}, "ratio_bound"),
         ({"tv_behavior_limit": 0.0}, "tv_behavior_limit"),
-        ({"tv_lag_scaling": -1.0}, "tv_lag_scaling"),
         ({"tv_reference": "stale"}, "tv_reference"),
-        ({"tv_reference": "budget"}, "tv_reference"),
-        ({"data_tv_limit": -0.1}, "data_tv_limit"),
+        ({"tv_reference": "learner"}, "tv_reference"),
+        ({"tv_behavior_limit": -0.1}, "tv_behavior_limit"),
         ({"value_target": "mc"}, "value_target"),
         ({"batch_size": 4096}, "batch_size"),
         ({"batch_size": 1}, "batch_size"),
@@ -326,17 +312,6 @@ def test_unsupported_observation_space_gets_sb3_error():
         VACO("MlpPolicy", TupleObsEnv())
 
 
-def test_lag_scaled_budget_divides_delta_by_one_plus_measured_lag():
-    model = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, tv_lag_scaling=True, **TINY)
-    model.learn(TINY["n_steps"] * 6)  # lag is fully built up from the 4th rollout on
-    assert model.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / (1 + 3))
-    unscaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, **TINY).learn(TINY["n_steps"] * 6)
-    assert unscaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
-    sqrt_scaled = VACO("MlpPolicy", "CartPole-v1", seed=0, policy_lag=3, tv_threshold=0.2, tv_lag_scaling=0.5, **TINY)
-    sqrt_scaled.learn(TINY["n_steps"] * 6)
-    assert sqrt_scaled.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2 / 2)  # (1 + 3) ** 0.5
-
-
 def test_behavior_limited_budget_shrinks_with_the_measured_lag():
     """``tv_behavior_limit = τ``: the logged budget is δ·max(0, 1 − TV(π_T, μ)/τ), δ itself without lag."""
     kwargs = dict(seed=0, tv_threshold=0.2, learning_rate=1e-2, tv_behavior_limit=0.5, **TINY)
@@ -346,6 +321,17 @@ def test_behavior_limited_budget_shrinks_with_the_measured_lag():
     assert values["train/tv_threshold"] == pytest.approx(0.2 * (1 - values["train/tv_behavior"] / 0.5))
     no_lag = VACO("MlpPolicy", "Pendulum-v1", **kwargs).learn(TINY["n_steps"] * 2)
     assert no_lag.logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
+    unlimited = VACO("MlpPolicy", "Pendulum-v1", policy_lag=3, **{**kwargs, "tv_behavior_limit": None})
+    assert unlimited.learn(TINY["n_steps"] * 6).logger.name_to_value["train/tv_threshold"] == pytest.approx(0.2)
+
+
+def test_default_budget_stops_the_learner_far_from_its_data():
+    """The default limit τ = 0.1: past it the budget is 0 and every minibatch after the first step is filtered."""
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=3, learning_rate=3e-2, **TINY)
+    assert model.tv_behavior_limit == 0.1 and VACO.PAPER["tv_behavior_limit"] is None
+    model.learn(TINY["n_steps"] * 6)
+    values = model.logger.name_to_value
+    assert values["train/tv_threshold"] == pytest.approx(0.05 * max(0.0, 1 - values["train/tv_behavior"] / 0.1))
 
 
 def test_ess_fraction_is_kish_effective_sample_size():

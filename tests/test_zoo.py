@@ -35,7 +35,7 @@ CARTPOLE_PARAMS = [
     "n_epochs:2",
     "batch_size:64",
     "tv_threshold:lin_0.3",
-    "tv_reference:learner",
+    "tv_reference:behavior",
     "vtrace_rho_bar:2.0",
     "vtrace_c_bar:0.5",
     "policy_lag:2",
@@ -104,7 +104,7 @@ def test_train_writes_run_with_vaco_config(logs: Path) -> None:
     config = load_yaml(run_dir / "CartPole-v1" / "config.yml")
     # -params override the shipped entry...
     assert config["tv_threshold"] == "lin_0.3"
-    assert config["tv_reference"] == "learner"
+    assert config["tv_reference"] == "behavior"
     assert config["vtrace_rho_bar"] == 2.0
     assert config["vtrace_c_bar"] == 0.5
     assert config["policy_lag"] == 2
@@ -163,7 +163,7 @@ def test_saved_models_load_as_their_class(logs: Path) -> None:
     )
     loaded = json.loads(out.strip().splitlines()[-1])
     assert loaded["vaco"] == "VACO"
-    assert loaded["tv_reference"] == "learner"
+    assert loaded["tv_reference"] == "behavior"
     assert loaded["policy_lag"] == 2
     assert loaded["rho_bar"] == 2.0
     # tv_threshold: lin_0.3 is a linear schedule from 0.3 to 0

@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import torch as th
 
-#: Reference policies of the TV filter: the behavior policy μ, the learner π_T at the start of the update with the
-#: samples weighted by π_T/μ, or the same with the weights truncated (decoupled).
-TV_REFERENCES = ("behavior", "learner", "decoupled")
+#: Reference policies of VACO's TV filter: the behavior policy μ (the paper's rule), or the learner π_T at the start of
+#: the update with the samples weighted by min(1, π_T/μ) (decoupled).
+TV_REFERENCES = ("behavior", "decoupled")
 
 # exp(20) ≈ 4.9e8: far beyond any useful ratio, far below float32 overflow.
 MAX_LOG_RATIO = 20.0
@@ -29,7 +29,6 @@ class FilteredSurrogate(NamedTuple):
     :param tv_estimate: ``D̂ = ½·mean_i(w_i·|q_i − 1|)``, no gradient
     :param filter_active: whether ``D̂`` exceeded the threshold in this minibatch
     :param bound_fraction: fraction of samples dropped by the per-sample ``ratio_bound`` alone (inside the budget)
-    :param anchor_active: whether the estimated distance to the behavior policy exceeded ``data_tv_limit``
     """
 
     loss: th.Tensor
@@ -37,7 +36,6 @@ class FilteredSurrogate(NamedTuple):
     tv_estimate: th.Tensor
     filter_active: bool
     bound_fraction: float = 0.0
-    anchor_active: bool = False
 
 
 def tv_filtered_surrogate(
@@ -46,8 +44,6 @@ def tv_filtered_surrogate(
     tv_threshold: float,
     weights: th.Tensor | None = None,
     ratio_bound: float | None = None,
-    behavior_ratio: th.Tensor | None = None,
-    data_tv_limit: float | None = None,
 ) -> FilteredSurrogate:
     """
     VACO's total-variation filter for one minibatch (arXiv 2603.01365, "Filter" step)::
@@ -57,11 +53,6 @@ def tv_filtered_surrogate(
         L   = − mean_i( m_i · w_i · q_i · Â_i )
 
     (``ε = ∞`` unless ``ratio_bound`` is given; the paper's filter has no per-sample term.)
-
-    With ``data_tv_limit = τ`` and the ratio ``r_i = π_θ/μ`` to the behavior policy, a second budget bounds the
-    learner's total distance to its data: once ``½·mean_i|r_i − 1| > τ``, the samples with ``Â_i·(r_i − 1) > 0``
-    (moving the learner further from the data) are dropped too — the paper's filter, at a budget τ above δ, on top of
-    the one around the reference.
 
     ``q`` is the ratio of the policy being optimized to the reference policy of the trust region and ``w``
     a constant importance weight from the reference to the behavior policy. With ``w = 1`` and ``q = π_θ/μ``
@@ -83,10 +74,7 @@ def tv_filtered_surrogate(
     :param tv_threshold: the budget ``δ``
     :param weights: constant weights ``w_i`` (default: all ones)
     :param ratio_bound: the per-sample bound ``ε`` on ``|q_i − 1|`` (default: none)
-    :param behavior_ratio: ``r_i = π_θ/μ`` (needed with ``data_tv_limit``; no gradient is taken through it)
-    :param data_tv_limit: the budget ``τ`` on ``½·mean_i|r_i − 1|`` (default: none)
-    :return: loss, mask, TV estimate, whether the filter was active, the fraction dropped by the bound alone and
-        whether the distance to the data was over its budget
+    :return: loss, mask, TV estimate, whether the filter was active and the fraction dropped by the bound alone
     """
     weights = th.ones_like(ratio) if weights is None else weights.detach()
     with th.no_grad():
@@ -95,18 +83,11 @@ def tv_filtered_surrogate(
         pushes_away = advantages * (ratio - 1.0) > 0
         out_of_bound = th.zeros_like(pushes_away) if ratio_bound is None else th.abs(ratio - 1.0) > ratio_bound
         dropped = pushes_away & (out_of_bound | filter_active)
-        anchor_active = False
-        if data_tv_limit is not None:
-            if behavior_ratio is None:
-                raise ValueError("`data_tv_limit` needs `behavior_ratio` (π_θ/μ)")
-            anchor_active = bool(0.5 * th.mean(th.abs(behavior_ratio - 1.0)) > data_tv_limit)
-            if anchor_active:
-                dropped |= advantages * (behavior_ratio - 1.0) > 0
         mask = (~dropped).float()
         bound_only = ratio_bound is not None and not filter_active
         bound_fraction = th.mean((pushes_away & out_of_bound).float()).item() if bound_only else 0.0
     loss = -th.mean(mask * weights * ratio * advantages)
-    return FilteredSurrogate(loss, mask, tv_estimate, filter_active, bound_fraction, anchor_active)
+    return FilteredSurrogate(loss, mask, tv_estimate, filter_active, bound_fraction)
 
 
 def clipped_surrogate(ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:

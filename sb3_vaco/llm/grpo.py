@@ -13,8 +13,11 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, pad
 
 from sb3_vaco.common.lag import SnapshotRing
-from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio
+from sb3_vaco.common.losses import safe_ratio
 from sb3_vaco.llm.losses import masked_tv_filtered_surrogate
+
+#: Reference policies of the trainer's TV estimate (``VACOGRPOConfig.tv_reference``)
+LLM_TV_REFERENCES = ("behavior", "learner", "decoupled")
 
 
 @dataclass
@@ -48,8 +51,8 @@ class VACOGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tv_reference not in TV_REFERENCES:
-            raise ValueError(f"`tv_reference` must be one of {TV_REFERENCES}, got {self.tv_reference!r}")
+        if self.tv_reference not in LLM_TV_REFERENCES:
+            raise ValueError(f"`tv_reference` must be one of {LLM_TV_REFERENCES}, got {self.tv_reference!r}")
         if self.tv_threshold < 0:
             raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
         if self.policy_lag < 0:

@@ -27,9 +27,10 @@ class VACO(AlignedOnPolicyAlgorithm):
        (:func:`~sb3_vaco.common.losses.tv_filtered_surrogate`). No ratio clipping, no KL penalty.
 
     The defaults come from the variant study (``docs/study.md``): the reference is the learner at the start of the
-    update, with the samples weighted by ``min(1, π_T/μ)`` (the decoupled form, Hilton et al. 2022), δ = 0.05 and a
-    per-sample bound ``ratio_bound=0.2``. The paper's rule is ``VACO(..., **VACO.PAPER)``: TV to the behavior policy,
-    δ = 0.2, no per-sample bound, V-trace critic targets.
+    update, with the samples weighted by ``min(1, π_T/μ)`` (the decoupled form, Hilton et al. 2022), δ = 0.05, a
+    per-sample bound ``ratio_bound=0.2``, and a budget that shrinks to 0 as the learner's distance to its data
+    ``TV(π_T, μ)`` approaches ``tv_behavior_limit=0.1``. The paper's rule is ``VACO(..., **VACO.PAPER)``: TV to the
+    behavior policy, δ = 0.2, no per-sample bound, no limit, V-trace critic targets.
 
     Paper: "Align and Filter: Improving Performance in Asynchronous On-Policy RL",
     Honari et al., 2026, https://arxiv.org/abs/2603.01365
@@ -45,22 +46,15 @@ class VACO(AlignedOnPolicyAlgorithm):
     :param tv_threshold: The TV budget δ per minibatch (float or schedule of the progress remaining). The default
         0.05 is about PPO's per-update step (TV = ½·E|r − 1| ≤ ε/2 with clip range ε = 0.1); the paper uses 0.2
     :param tv_reference: Reference policy of the TV filter. ``"decoupled"`` (default): ``q = π_θ/π_T``, the drift
-        since the update started, samples weighted by ``min(pg_rho_bar, π_T/μ)``. ``"behavior"``: ``q = π_θ/μ``, the
-        total lag (the paper's rule). ``"learner"``: as ``"decoupled"`` with the weight ``π_T/μ`` untruncated. Without
-        lag (π_T = μ) all three are the same filter
-    :param pg_rho_bar: Truncation of the importance weight ``π_T/μ`` for ``tv_reference="decoupled"``
+        since the update started, samples weighted by ``min(1, π_T/μ)``. ``"behavior"``: ``q = π_θ/μ``, the total lag
+        (the paper's rule). Without lag (π_T = μ) both are the same filter
     :param ratio_bound: Per-sample bound ε on ``|q − 1|``: inside the TV budget too, a sample already outside
         ``[1 − ε, 1 + ε]`` whose gradient would push it further is dropped (PPO's clip around the reference, on top of
         the budget, which bounds only the minibatch's average). None: no per-sample bound (the paper's filter)
-    :param tv_lag_scaling: Divide the TV budget by ``(1 + k̄)^p``, with ``k̄`` the rollout's measured mean staleness
-        in updates and ``p`` this exponent (``True`` = 1, ``False`` = 0: off): with ``p = 1`` the trust region shrinks
-        for stale samples as in GePPO (Queeney et al., 2021)
-    :param tv_behavior_limit: Shrink the TV budget with the measured lag ``TV(π_T, μ)`` of the rollout:
-        ``δ · max(0, 1 − TV(π_T, μ)/τ)``, τ this limit. None: no shrinking
-    :param data_tv_limit: A second budget τ, on the learner's total distance to its data: once the minibatch's
-        ``½·mean|π_θ/μ − 1|`` exceeds τ, the samples whose gradient would move ``π_θ`` further from the behavior
-        policy are dropped too (the paper's filter at budget τ, on top of the one around ``π_T``). None: no second
-        budget
+    :param tv_behavior_limit: A limit τ on the learner's distance to its data: the update's TV budget shrinks with
+        the rollout's measured lag, ``δ · max(0, 1 − TV(π_T, μ)/τ)``, so the learner stops moving away from data it
+        has already left ``τ`` behind (``TV(π_T, μ) = ½·E_μ|π_T/μ − 1|``, logged as ``train/tv_behavior``). Without
+        lag the budget is δ. None: no limit (the budget is δ under any lag)
     :param vtrace_rho_bar: Truncation ρ̄ of the importance weight in V-trace's TD errors
     :param vtrace_c_bar: Truncation c̄ of V-trace's trace coefficients
     :param value_target: The critic's targets: ``"gae"`` (the learner's TD(λ) returns) or ``"vtrace"`` (the paper's)
@@ -96,6 +90,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         "tv_reference": "behavior",
         "tv_threshold": 0.2,
         "ratio_bound": None,
+        "tv_behavior_limit": None,
         "value_target": "vtrace",
     }
 
@@ -111,11 +106,8 @@ class VACO(AlignedOnPolicyAlgorithm):
         gae_lambda: float = 0.95,
         tv_threshold: float | Schedule = 0.05,
         tv_reference: str = "decoupled",
-        pg_rho_bar: float = 1.0,
         ratio_bound: float | None = 0.2,
-        tv_lag_scaling: bool | float = False,
-        tv_behavior_limit: float | None = None,
-        data_tv_limit: float | None = None,
+        tv_behavior_limit: float | None = 0.1,
         vtrace_rho_bar: float = 1.0,
         vtrace_c_bar: float = 1.0,
         value_target: str = "gae",
@@ -177,11 +169,8 @@ class VACO(AlignedOnPolicyAlgorithm):
         )
         self.tv_threshold = tv_threshold
         self.tv_reference = tv_reference
-        self.pg_rho_bar = pg_rho_bar
         self.ratio_bound = ratio_bound
-        self.tv_lag_scaling = float(tv_lag_scaling)
         self.tv_behavior_limit = tv_behavior_limit
-        self.data_tv_limit = data_tv_limit
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
@@ -189,12 +178,9 @@ class VACO(AlignedOnPolicyAlgorithm):
     def _check_hyperparameters(self) -> None:
         super()._check_hyperparameters()
         check_positive("tv_threshold", self.tv_threshold)
-        check_positive("pg_rho_bar", self.pg_rho_bar)
-        for name in ("ratio_bound", "tv_behavior_limit", "data_tv_limit"):
+        for name in ("ratio_bound", "tv_behavior_limit"):
             if getattr(self, name) is not None:
                 check_positive(name, getattr(self, name))
-        if self.tv_lag_scaling < 0:
-            raise ValueError(f"`tv_lag_scaling` must be a bool or an exponent >= 0, got {self.tv_lag_scaling!r}")
         if self.tv_reference not in TV_REFERENCES:
             raise ValueError(f"`tv_reference` must be one of {', '.join(map(repr, TV_REFERENCES))}; got {self.tv_reference!r}")
 
@@ -204,10 +190,8 @@ class VACO(AlignedOnPolicyAlgorithm):
         self._update_tv_threshold = self.tv_threshold(1.0)
 
     def _start_policy_update(self, tv_behavior: float) -> None:
-        """This update's TV budget: δ, shrunk for the lag when ``tv_lag_scaling`` or ``tv_behavior_limit`` is set."""
+        """This update's TV budget: δ, shrunk with the distance to the data ``TV(π_T, μ)`` under ``tv_behavior_limit``."""
         tv_threshold = self.tv_threshold(self._current_progress_remaining)  # type: ignore[operator]
-        if self.tv_lag_scaling:
-            tv_threshold /= (1.0 + self._rollout_policy_lag) ** self.tv_lag_scaling
         if self.tv_behavior_limit is not None:
             tv_threshold *= max(0.0, 1.0 - tv_behavior / self.tv_behavior_limit)
         self._update_tv_threshold = tv_threshold
@@ -216,23 +200,12 @@ class VACO(AlignedOnPolicyAlgorithm):
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor
     ) -> tuple[th.Tensor, dict[str, float]]:
         """Filter: the TV-filtered surrogate against the reference policy ``tv_reference``."""
-        behavior_ratio = safe_ratio(log_prob - rollout_data.old_log_prob)  # π_θ/μ
         if self.tv_reference == "behavior":
-            ratio, weights = behavior_ratio, None
+            ratio, weights = safe_ratio(log_prob - rollout_data.old_log_prob), None  # q = π_θ/μ
         else:
             ratio = safe_ratio(log_prob - rollout_data.learner_log_prob)  # q = π_θ/π_T
-            weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_T/μ
-            if self.tv_reference == "decoupled":
-                weights = th.clamp(weights, max=self.pg_rho_bar)
-        filtered = tv_filtered_surrogate(
-            ratio,
-            advantages,
-            self._update_tv_threshold,
-            weights,
-            self.ratio_bound,
-            behavior_ratio.detach(),
-            self.data_tv_limit,
-        )
+            weights = th.clamp(safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob), max=1.0)  # min(1, π_T/μ)
+        filtered = tv_filtered_surrogate(ratio, advantages, self._update_tv_threshold, weights, self.ratio_bound)
         stats = {
             "tv_estimate": filtered.tv_estimate.item(),
             "filtered_fraction": 1.0 - filtered.mask.mean().item(),
@@ -240,8 +213,6 @@ class VACO(AlignedOnPolicyAlgorithm):
         }
         if self.ratio_bound is not None:
             stats["bound_fraction"] = filtered.bound_fraction
-        if self.data_tv_limit is not None:
-            stats["anchor_active_fraction"] = float(filtered.anchor_active)
         return filtered.loss, stats
 
     def _policy_loss_settings(self) -> dict[str, float]:
