@@ -36,8 +36,8 @@ LAG_VARIANTS = {
     "vaco_x05": "decoupled, δ = 0.05, no ratio bound",
     "vaco_d20": "behavior filter, δ = 0.2 (GAE critic)",
     "vaco_paper": "paper's rule (behavior, δ = 0.2, V-trace critic)",
-    "vaco_ls": "defaults + lag-scaled δ",
-    "vaco_tvl20": "defaults + distance feedback τ = 0.2",
+    "vaco_ls": "no limit, lag-scaled δ (retired)",
+    "vaco_tvl20": "limit τ = 0.2",
     "ppo_kl": "PPO + KL penalty (β = 1)",
     "vaco_kl": "V-trace + KL penalty (β = 1)",
 }
