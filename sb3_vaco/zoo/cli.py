@@ -12,7 +12,7 @@ Command-line launcher: the RL Zoo's scripts with ``vaco`` and ``lagged_ppo`` reg
 
 ``sb3-vaco`` (console script) takes the same sub-commands. Every option is the zoo's; in addition, ``train``
 loads ``vaco`` / ``lagged_ppo`` hyperparameters from the YAML files shipped in ``sb3_vaco/hyperparams`` unless
-``--conf-file`` is given, and ``-params`` also accepts bare words as strings (``tv_reference:learner``,
+``--conf-file`` is given, and ``-params`` also accepts bare words as strings (``tv_reference:behavior``,
 ``tv_threshold:lin_0.1``). The plot commands save their figures to files without a display, or with
 ``--figure-dir`` (see :mod:`sb3_vaco.zoo.plots`).
 """
@@ -41,7 +41,7 @@ COMMANDS = {
     "optuna_report": "write a Markdown/CSV report of an Optuna study (sb3_vaco.zoo.report)",
 }
 ENV_COMMANDS = ("train", "enjoy", "record_video")
-# A -params value that is a bare word (tv_reference:learner, tv_threshold:lin_0.2) is read as a string
+# A -params value that is a bare word (tv_reference:behavior, tv_threshold:lin_0.2) is read as a string
 _BARE_WORD = re.compile(r"^[A-Za-z_][\w.\-]*$")
 
 
@@ -67,7 +67,7 @@ def _pre_parse(args: Sequence[str]) -> argparse.Namespace:
 def _quote_bare_words(args: list[str]) -> list[str]:
     """
     The zoo ``eval()``s every ``-params key:value``; quote values that are bare words and do not evaluate
-    (``tv_reference:learner`` → ``tv_reference:'learner'``), so that strings need no shell-proof quoting.
+    (``tv_reference:behavior`` → ``tv_reference:'behavior'``), so that strings need no shell-proof quoting.
     """
     from rl_zoo3 import utils as zoo_utils
 
