@@ -7,9 +7,10 @@ same hyperparameters, in two regimes:
 
 * ``compute``: Hopper-v5 with RL Zoo's 256x256 networks, ``n_steps`` 512, batch 64, 5 epochs: stepping the env and
   the policy's forward passes cost CPU, and so does the learner's update;
-* ``latency``: CartPole-v1 behind a fixed per-step latency (:class:`LatencyWrapper`: ``time.sleep``, 1 and 5 ms by
-  default), ``n_steps`` 128, batch 64, 5 epochs: the env makes its caller wait without using CPU (a remote simulator,
-  a robot, a slow link).
+* ``latency``: CartPole-v1 behind a fixed per-step latency (``time.sleep``: the package's
+  :class:`~sb3_vaco.common.wrappers.LatencyWrapper`, also used by the benchmark grids), 1 and 5 ms by default,
+  ``n_steps`` 128, batch 64, 5 epochs: the env makes its caller wait without using CPU (a remote simulator, a robot,
+  a slow link).
 
 Every configuration runs ``--rollouts`` rollouts (``rollouts * n_steps * N`` env steps) and reports
 
@@ -54,7 +55,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, SupportsFloat
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # A Ray started locally by the actors listens on 127.0.0.1 only (Ray reads this when it is imported; docs/actors.md).
@@ -72,6 +73,7 @@ from torch import nn
 
 from sb3_vaco import VACO, LaggedPPO
 from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+from sb3_vaco.common.wrappers import LatencyWrapper, WrappedEnvFactory
 
 OUT = Path("results/actors")
 METHODS = ("ppo", "process", "ray")
@@ -89,29 +91,6 @@ HOPPER: dict[str, Any] = dict(
 LATENCY: dict[str, Any] = dict(n_steps=128, batch_size=64, n_epochs=5)
 # --quick: tiny networks and rollouts, for a run of seconds (a check that everything runs, not a measurement).
 QUICK: dict[str, Any] = dict(n_steps=32, batch_size=32, n_epochs=1, policy_kwargs=dict(net_arch=[16]))
-
-
-class LatencyWrapper(gym.Wrapper):
-    """
-    Adds a fixed latency to every ``step()`` (``time.sleep``: the caller waits without using CPU), as a remote
-    simulator, a robot or a slow link would.
-
-    :param env: the env to wrap
-    :param latency: seconds per step
-    """
-
-    def __init__(self, env: gym.Env, latency: float) -> None:
-        super().__init__(env)
-        self.latency = latency
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        time.sleep(self.latency)
-        return self.env.step(action)
-
-
-def make_latency_env(env_id: str, latency: float) -> gym.Env:
-    """``gym.make(env_id)`` behind a :class:`LatencyWrapper` (picklable through ``functools.partial``)."""
-    return LatencyWrapper(gym.make(env_id), latency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +113,8 @@ class Case:
         """What both PPO's DummyVecEnv and the actors build their envs from."""
         if self.latency_ms == 0:
             return self.env_id
-        return functools.partial(make_latency_env, self.env_id, self.latency_ms / 1000)
+        latency = functools.partial(LatencyWrapper, latency=self.latency_ms / 1000)
+        return WrappedEnvFactory(self.env_id, latency, f"LatencyWrapper({self.latency_ms:g} ms)")
 
 
 @dataclasses.dataclass

@@ -13,6 +13,13 @@ Works on a partly finished grid (every number states its n) and on a single seed
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the
 scores and their normalization.
+
+``--wallclock`` adds the wall-clock analysis of runs whose evaluations are timed (``sb3_vaco.bench.wallclock``; runs
+recorded before the runner timed them are left out, with a message): ``wallclock.md`` (median training time to a
+threshold return, a fraction of the reference's final return, per env, latency setting and method),
+``wallclock.csv`` and ``wallclock_curves.png`` (return vs wall-clock and vs env steps); ``docs/actors.md``::
+
+    python scripts/analyze.py results/actors/wallclock --wallclock
 """
 
 import argparse
@@ -23,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's sb3_vaco, not an installed one
 
 from sb3_vaco.bench.analysis import analyze
+from sb3_vaco.bench.wallclock import DEFAULT_FRACTIONS, analyze_wallclock
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,10 +45,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reference-lag", default="0", help="lag setting of the normalization reference")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples per CI")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    parser.add_argument(
+        "--wallclock", action="store_true", help="also the wall-clock analysis (wallclock.md, .csv, _curves.png) of timed runs"
+    )
+    parser.add_argument(
+        "--thresholds",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_FRACTIONS),
+        help="--wallclock: threshold returns as fractions of the way from random to the reference's final return",
+    )
     args = parser.parse_args(argv)
     out_dir = args.out or args.results_dirs[0] / "analysis"
     runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs, args.lags)
     print(f"Analyzed {len(runs)} runs: {out_dir / 'results.md'}")
+    if args.wallclock:
+        reach = analyze_wallclock(
+            args.results_dirs, out_dir, args.reference, args.reference_lag, args.thresholds, args.envs, args.lags
+        )
+        if reach is not None:
+            timed = reach.groupby(["env", "algorithm", "lag", "seed"]).ngroups
+            print(f"Wall-clock analysis of {timed} runs: {out_dir / 'wallclock.md'}")
     return 0
 
 

@@ -325,6 +325,17 @@ def test_grid_results(grid_dir: Path) -> None:
     assert {"train/tv_estimate", "train/filtered_fraction", "train/approx_kl"} <= set(vaco_progress.columns)
 
 
+def test_grid_results_record_eval_wall_clock(grid_dir: Path) -> None:
+    # Every evaluation is timed: seconds from the start of learn() to its start, and seconds spent in the ones before.
+    for path in sorted(grid_dir.rglob("result.json")):
+        result = json.loads(path.read_text())
+        evaluations = result["eval"]
+        wall, spent = np.array(evaluations["wall_s"]), np.array(evaluations["eval_time_s"])
+        assert len(wall) == len(spent) == len(evaluations["timesteps"]) == 2
+        assert 0 < wall[0] < wall[1] <= result["learn_time_s"]
+        assert spent[0] == 0 and spent[1] > 0 and (np.diff(wall - spent) > 0).all()
+
+
 def test_rerun_skips_finished_runs(grid_dir: Path) -> None:
     # The same grid given on the command line finds the grid's runs: same folders and names.
     results = sorted(grid_dir.rglob("result.json"))

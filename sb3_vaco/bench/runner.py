@@ -4,8 +4,9 @@ the YAML shipped in ``sb3_vaco``, so runs use exactly the zoo hyperparameters; a
 hyperparameters are applied on top like the zoo's ``-params``. Runs execute in spawned worker processes with one
 torch thread each. A run whose ``result.json`` exists is skipped, so running a grid again resumes it.
 
-Output, per run: ``<out>/<env>/<algorithm>/lag<L>/seed<S>/result.json`` (eval curve, scores, timing,
-hyperparameters, versions) and ``progress.csv`` (one row per iteration: lag and TV statistics, losses).
+Output, per run: ``<out>/<env>/<algorithm>/lag<L>/seed<S>/result.json`` (eval curve, with each evaluation's
+wall-clock time since the start of ``learn()``; scores, timing, hyperparameters, versions) and ``progress.csv`` (one
+row per iteration: lag and TV statistics, losses).
 """
 
 import argparse
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 
 from sb3_vaco.bench.common import (
     PROGRESS_FILE,
@@ -298,6 +299,38 @@ class ProgressRecorder(BaseCallback):
         self._attach_train_stats()
 
 
+class EvalClock(CallbackList):
+    """
+    The run's EvalCallback, timed: for every evaluation, the wall-clock seconds from the start of ``learn()`` to the
+    start of the evaluation (``wall_s``) and the seconds spent in the evaluations before it (``eval_time_s``), so
+    that ``wall_s - eval_time_s`` is the training time that produced the evaluated policy. Replaces the EvalCallback
+    in the zoo's callback list (every hook is forwarded to it).
+
+    :param eval_callback: the zoo's EvalCallback
+    """
+
+    def __init__(self, eval_callback: EvalCallback) -> None:
+        super().__init__([eval_callback])
+        self.eval_callback = eval_callback
+        self.start = time.perf_counter()  # reset just before learn()
+        self.wall_s: list[float] = []
+        self.eval_time_s: list[float] = []
+        self.spent = 0.0
+
+    def record(self, started: float) -> None:
+        """An evaluation that started at ``started`` (``time.perf_counter()``)."""
+        self.wall_s.append(started - self.start)
+        self.eval_time_s.append(self.spent)
+
+    def _on_step(self) -> bool:
+        evaluations, started = len(self.eval_callback.evaluations_timesteps), time.perf_counter()
+        continue_training = super()._on_step()
+        if len(self.eval_callback.evaluations_timesteps) > evaluations:
+            self.record(started)
+            self.spent += time.perf_counter() - started
+        return continue_training
+
+
 def progress_csv(rows: list[dict[str, float]]) -> str:
     """The progress rows as CSV (6 significant digits; columns in order of first appearance)."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
@@ -359,11 +392,16 @@ def random_policy_score(env_id: str, n_episodes: int, seed: int) -> float:
     return float(np.mean(returns))
 
 
-def _eval_curve(model: Any, eval_callback: EvalCallback, spec: RunSpec) -> dict[str, list]:
-    """The eval callback's evaluations, plus a last one at the end of training if the schedule did not hit it."""
+def _eval_curve(model: Any, clock: EvalClock, spec: RunSpec, learn_time: float) -> dict[str, list]:
+    """
+    The eval callback's evaluations, plus a last one at the end of training if the schedule did not hit it (timed at
+    the end of ``learn()``, ``learn_time`` seconds after its start).
+    """
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import sync_envs_normalization
 
+    eval_callback = clock.eval_callback
+    wall_s, eval_time_s = list(clock.wall_s), list(clock.eval_time_s)
     timesteps = list(eval_callback.evaluations_timesteps)
     returns = [list(map(float, r)) for r in eval_callback.evaluations_results]
     lengths = [list(map(float, lengths)) for lengths in eval_callback.evaluations_length]
@@ -379,12 +417,18 @@ def _eval_curve(model: Any, eval_callback: EvalCallback, spec: RunSpec) -> dict[
         timesteps.append(model.num_timesteps)
         returns.append(list(map(float, episode_returns)))  # type: ignore[arg-type]
         lengths.append(list(map(float, episode_lengths)))  # type: ignore[arg-type]
+        wall_s.append(learn_time)
+        eval_time_s.append(clock.spent)
+    if len(wall_s) != len(timesteps):
+        raise RuntimeError(f"{len(timesteps)} evaluations but {len(wall_s)} timed: the eval callback was not timed")
     return {
         "timesteps": timesteps,
         "mean_return": [float(np.mean(r)) for r in returns],
         "std_return": [float(np.std(r)) for r in returns],
         "mean_ep_length": [float(np.mean(lengths_)) for lengths_ in lengths],
         "returns": returns,
+        "wall_s": wall_s,
+        "eval_time_s": eval_time_s,
     }
 
 
@@ -419,14 +463,21 @@ def train_and_evaluate(spec: RunSpec, scratch: Path) -> tuple[dict[str, Any], li
     model, zoo_hyperparams = setup
     recorder = ProgressRecorder()
     manager.callbacks.append(recorder)
-    eval_callback = next(callback for callback in manager.callbacks if isinstance(callback, EvalCallback))
-    learn_start = time.perf_counter()
+    index, eval_callback = next(
+        (index, callback) for index, callback in enumerate(manager.callbacks) if isinstance(callback, EvalCallback)
+    )
+    # The zoo divides the evaluation interval by its n_envs; with asynchronous actors each callback step stands for
+    # model.n_envs transitions (the actors' envs), so evaluations stay every spec.eval_freq env steps.
+    eval_callback.eval_freq = max(spec.eval_freq // model.n_envs, 1)
+    clock = EvalClock(eval_callback)
+    manager.callbacks[index] = clock
+    learn_start = clock.start = time.perf_counter()
     manager.learn(model)
     learn_time = time.perf_counter() - learn_start
     if model.num_timesteps < spec.n_timesteps:
         # The zoo's learn() swallows KeyboardInterrupt: an interrupted run must not be recorded as finished.
         raise RuntimeError(f"Training stopped at {model.num_timesteps} of {spec.n_timesteps} steps")
-    curve = _eval_curve(model, eval_callback, spec)
+    curve = _eval_curve(model, clock, spec, learn_time)
     result = {
         "schema_version": SCHEMA_VERSION,
         "run_id": spec.run_id,

@@ -2,6 +2,8 @@
 The zoo's :class:`~rl_zoo3.exp_manager.ExperimentManager`, taught VACO's hyperparameters.
 
 * ``tv_threshold`` accepts ``lin_<value>`` schedules in YAML and ``-params`` (the zoo only converts a fixed list of keys).
+* With asynchronous actors (``n_actors > 0``), the actors build the env the zoo builds: the env id with the entry's
+  ``env_kwargs`` and ``env_wrapper`` (the model gets the zoo's VecEnv, which actors cannot rebuild by themselves).
 * Bad input fails before anything is written, with a :class:`ZooUsageError`: a missing config file, an env without
   an entry (and no ``default``), a key that is neither a constructor argument nor one the zoo handles, an invalid
   value. If setting up a run still fails, its half-written run folder is removed so that the next run (and
@@ -13,13 +15,17 @@ import difflib
 import inspect
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from rl_zoo3.exp_manager import ExperimentManager
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import LinearSchedule
+
+from sb3_vaco.common.wrappers import WrappedEnvFactory
 
 # Keys of a YAML entry that the zoo consumes itself instead of passing them to the algorithm's constructor
 ZOO_KEYS = frozenset(
@@ -46,6 +52,13 @@ ZOO_SET_ARGUMENTS = {
 }
 # Hyperparameters of VACO that may be a schedule written as ``lin_<initial value>``
 VACO_SCHEDULE_KEYS = ("tv_threshold",)
+
+
+def _actor_algos() -> set[str]:
+    """The zoo algos that take ``n_actors`` (asynchronous actors)."""
+    from sb3_vaco.zoo import ZOO_ALGOS
+
+    return {name for name, cls in ZOO_ALGOS.items() if "n_actors" in constructor_parameters(cls)}
 
 
 class ZooUsageError(ValueError):
@@ -258,6 +271,28 @@ class VACOExperimentManager(ExperimentManager):
             if key in hyperparams:
                 hyperparams[key] = parse_vaco_schedule(key, hyperparams[key])
         return hyperparams
+
+    def _preprocess_hyperparams(
+        self, hyperparams: dict[str, Any]
+    ) -> tuple[dict[str, Any], Callable | None, list[BaseCallback], Callable | None]:
+        """
+        The zoo's pre-processing; then, with asynchronous actors (``n_actors > 0``), tell the actors to build the env
+        the zoo builds: the model gets the zoo's VecEnv (not an env id), so without an ``env_fn`` the actors would
+        have nothing to build. They get ``gym.make(env id, **env_kwargs)`` inside the entry's ``env_wrapper`` (a
+        :class:`~sb3_vaco.common.wrappers.WrappedEnvFactory`), and step the same wrapped env as a synchronous run.
+        An ``env_fn`` (or ``env_kwargs``) given in ``actor_backend_kwargs`` is kept.
+        """
+        wrapper_setting = hyperparams.get("env_wrapper")
+        hyperparams, env_wrapper, callbacks, vec_env_wrapper = super()._preprocess_hyperparams(hyperparams)
+        if hyperparams.get("n_actors") and self.algo in _actor_algos():
+            settings = dict(hyperparams.get("actor_backend_kwargs") or {})  # a copy: the saved config stays as written
+            if settings.get("env_fn") is None:
+                label = "" if wrapper_setting is None else str(wrapper_setting)
+                settings["env_fn"] = WrappedEnvFactory(self.env_name.gym_id, env_wrapper, label)
+                if self.env_kwargs and settings.get("env_kwargs") is None:
+                    settings["env_kwargs"] = dict(self.env_kwargs)
+            hyperparams["actor_backend_kwargs"] = settings
+        return hyperparams, env_wrapper, callbacks, vec_env_wrapper
 
     def setup_experiment(self) -> tuple[BaseAlgorithm, dict[str, Any]] | None:
         """The zoo's set-up; if it fails, remove the run folder it created and report invalid values clearly."""

@@ -129,11 +129,13 @@ def _actor_main(
 def _env_modules(spec: ActorSpec) -> list[str]:
     """
     The module of the actors' env's entry point, for the fork server to import once: when the env is a registered id
-    and this process imported that module already (the fork server survives only an ImportError while preloading).
+    (or a factory with an ``env_id``, such as :class:`~sb3_vaco.common.wrappers.WrappedEnvFactory`) and this process
+    imported that module already (the fork server survives only an ImportError while preloading).
     """
     try:
         env_fn = cloudpickle.loads(spec.env_fn)
-        entry_point = gym.spec(env_fn).entry_point if isinstance(env_fn, str) else None
+        env_id = env_fn if isinstance(env_fn, str) else getattr(env_fn, "env_id", None)
+        entry_point = gym.spec(env_id).entry_point if isinstance(env_id, str) else None
     except Exception:  # not registered (the actor reports it), or not loadable here: nothing to preload
         return []
     module = entry_point.split(":")[0] if isinstance(entry_point, str) else None
