@@ -1,15 +1,16 @@
 """
 GRPO vs GRPO+VACO for math reasoning under policy lag (the LLM experiment of arXiv 2603.01365, in miniature).
 
-Default (runs on CPU in minutes, no downloads): a tiny Llama-architecture model built from a config, generated
+Default (runs on CPU, no downloads): a tiny Llama-architecture model built from a config, generated
 grade-school-style word problems with an exact-answer reward, a short supervised warm-up per seed, then
-GRPO (TRL's clipped loss) and GRPO+VACO (TV filter, δ = 0.2 and 0.05) at lags 0 and 16, 3 seeds, with the
-held-out accuracy (greedy and sampled pass@1) during training. Writes ``runs.csv`` (accuracy curves),
-``train_log.csv`` (TRL's metrics), ``summary.md``, ``accuracy.png`` and ``config.json`` to ``--out``.
+GRPO (TRL's clipped loss) and GRPO+VACO in each of its forms (token, sequence, decoupled; δ = --tv-threshold) at
+lags 0 and 16, 3 seeds, with the held-out accuracy (greedy and sampled pass@1) during training. Writes
+``summary.csv`` (one row per run: start and final accuracy), ``runs.csv`` (accuracy curves), ``train_log.csv``
+(TRL's metrics), ``summary.md``, ``accuracy.png`` and ``config.json`` to ``--out``.
 
-    python scripts/llm_gsm_demo.py --out results/llm
+    python scripts/llm_gsm_demo.py --out results/llm_demo
 
-With a real model and GSM8K from a local file (GPU; see docs/llm.md):
+With a local model folder and GSM8K-format files (GPU; see docs/llm.md):
 
     python scripts/llm_gsm_demo.py --model models/qwen --dataset data/gsm8k/train.jsonl \\
         --eval-dataset data/gsm8k/test.jsonl --warmup-steps 0 --max-completion-length 256 --bf16 ...
@@ -19,13 +20,14 @@ import argparse
 import copy
 import csv
 import json
+import math
 import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -37,7 +39,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from sb3_vaco.llm import VACOGRPOConfig, VACOGRPOTrainer
+from sb3_vaco.llm import VACO_FORMS, VACOGRPOConfig, VACOGRPOTrainer
 from sb3_vaco.llm.math_task import (
     Problem,
     build_tiny_model,
@@ -49,19 +51,35 @@ from sb3_vaco.llm.math_task import (
     supervised_warmup,
 )
 
+#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``); ``vaco`` is ``vaco_token``
+METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS))
 
-def method_settings(method: str, args: argparse.Namespace) -> tuple[str, float, str]:
+
+class Method(NamedTuple):
+    """A method of ``--methods``: its canonical name, TRL loss type, VACO form, TV budget and a plot label."""
+
+    name: str
+    loss_type: str
+    form: str
+    tv_threshold: float
+    label: str
+
+
+def parse_method(method: str, args: argparse.Namespace) -> Method:
     """
-    ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε), ``"vaco"`` (TV filter at ``--tv-threshold``) or
-    ``"vaco@δ"`` (TV filter at δ): the loss type, the TV budget and a label.
+    ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε), ``"vaco_<form>"`` (the VACO form at
+    ``--tv-threshold``; ``"vaco"`` is ``"vaco_token"``) or ``"vaco_<form>@δ"`` (at δ).
     """
     if method == "grpo":
-        return "dapo", args.tv_threshold, f"GRPO (TRL default loss, clip ε={args.epsilon})"
-    name, _, threshold = method.partition("@")
-    if name != "vaco":
-        raise ValueError(f"unknown method {method!r}: use grpo, vaco or vaco@<δ>")
-    tv_threshold = float(threshold) if threshold else args.tv_threshold
-    return "vaco", tv_threshold, f"GRPO+VACO (TV filter, δ={tv_threshold})"
+        return Method("grpo", "dapo", "", math.nan, f"GRPO (TRL default loss, clip ε={args.epsilon})")
+    name, at, threshold = method.partition("@")
+    name = "vaco_token" if name == "vaco" else name
+    if name not in METHODS[1:]:
+        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO")
+    tv_threshold = float(threshold) if at else args.tv_threshold
+    form = name.removeprefix("vaco_")
+    canonical = f"{name}@{threshold}" if at else name
+    return Method(canonical, "vaco", form, tv_threshold, f"GRPO+VACO ({form} form, δ={tv_threshold})")
 
 
 LOG_KEYS = (
@@ -74,24 +92,56 @@ LOG_KEYS = (
     "filtered_fraction",
     "filter_active_fraction",
     "clip_ratio/region_mean",
+    "importance_weight",
     "entropy",
+)
+
+#: Columns of summary.csv, one row per run (empty: not measured, e.g. sampled accuracy with --eval-samples 0)
+SUMMARY_COLUMNS = (
+    "method",
+    "lag",
+    "seed",
+    "start_accuracy",
+    "final_accuracy",
+    "accuracy_kind",
+    "start_accuracy_greedy",
+    "final_accuracy_greedy",
+    "last3_accuracy_greedy",
+    "start_accuracy_sampled",
+    "final_accuracy_sampled",
+    "last3_accuracy_sampled",
+    "loss_type",
+    "vaco_form",
+    "tv_threshold",
+    "steps",
+    "policy_lag",
+    "tv_behavior",
+    "clip_fraction",
+    "filtered_fraction",
+    "importance_weight",
+    "wall_s",
 )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("results/llm"))
+    parser.add_argument("--out", type=Path, default=Path("results/llm_demo"))
     parser.add_argument(
-        "--methods", nargs="+", default=["grpo", "vaco", "vaco@0.05"], help="grpo, vaco (δ = --tv-threshold), vaco@<δ>"
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_token",
     )
-    parser.add_argument("--lags", nargs="+", type=int, default=[0, 16], help="policy lag K in optimizer steps")
+    parser.add_argument("--lags", "--lag", nargs="+", type=int, default=[0, 16], help="policy lags K in optimizer steps")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     # model and data
-    parser.add_argument("--model", default=None, help="HF model name or local path (default: tiny model from a config)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="local model folder (save_pretrained; default: tiny model from a config)"
+    )
     parser.add_argument("--dataset", type=Path, default=None, help="local GSM8K-format file/dir (default: generated)")
     parser.add_argument("--eval-dataset", type=Path, default=None, help="local GSM8K-format test file/dir")
     parser.add_argument("--n-train", type=int, default=20000, help="generated training problems")
-    parser.add_argument("--n-eval", type=int, default=500, help="held-out problems for the accuracy")
+    parser.add_argument("--n-eval", type=int, default=500, help="held-out problems for the accuracy (at most)")
     parser.add_argument("--max-number", type=int, default=9)
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=2)
@@ -109,11 +159,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--epsilon", type=float, default=0.2, help="GRPO's clip range")
     parser.add_argument("--tv-threshold", type=float, default=0.2, help="VACO's δ")
-    parser.add_argument("--tv-reference", default="behavior", choices=["behavior", "learner", "decoupled"])
-    parser.add_argument("--importance-sampling-level", default="token", choices=["token", "sequence"])
+    parser.add_argument(
+        "--rho-bar",
+        type=float,
+        default=None,
+        help="truncation of π_T/μ (default: the form's, 2 for sequence, 1 for decoupled)",
+    )
+    parser.add_argument(
+        "--importance-sampling-level",
+        default="token",
+        choices=["token", "sequence"],
+        help="ratio per token or per completion (GRPO and the token / decoupled forms; the sequence form is per token)",
+    )
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-temperature", type=float, default=1.0, help="temperature of the sampled pass@1")
     parser.add_argument("--eval-samples", type=int, default=2, help="completions per problem for sampled pass@1 (0: off)")
+    parser.add_argument(
+        "--accuracy",
+        default="greedy",
+        choices=["greedy", "sampled"],
+        help="which accuracy summary.csv's start_accuracy / final_accuracy are",
+    )
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off for the tiny model")
     return parser.parse_args(argv)
@@ -159,11 +225,14 @@ def load_model_and_data(
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+        if not args.model.is_dir():
+            raise FileNotFoundError(f"--model {args.model}: not a folder (save_pretrained's output is expected)")
+        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left", local_files_only=True)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         dtype = th.bfloat16 if args.bf16 else th.float32
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, local_files_only=True)
+        th.manual_seed(seed)  # the warm-up and nothing else draws from it before the runs
         if th.cuda.is_available():
             model = model.to("cuda")  # type: ignore[arg-type]
     if args.dataset is None:
@@ -171,11 +240,16 @@ def load_model_and_data(
         held_out = make_word_problems(args.n_eval, seed=99, max_number=args.max_number)  # same for every seed
         train_prompts = {p["prompt"] for p in held_out}
         train = [p for p in train if p["prompt"] not in train_prompts]
-    else:
+    elif args.eval_dataset is not None:
         train = load_gsm8k(args.dataset)
-        held_out = load_gsm8k(args.eval_dataset, limit=args.n_eval) if args.eval_dataset else train[-args.n_eval :]
-        if args.eval_dataset is None:
-            train = train[: -args.n_eval]
+        held_out = load_gsm8k(args.eval_dataset, limit=args.n_eval)
+    else:  # hold out the file's last --n-eval problems
+        train = load_gsm8k(args.dataset)
+        if len(train) <= args.n_eval:
+            raise ValueError(f"{args.dataset} has {len(train)} problems: pass --eval-dataset or a smaller --n-eval")
+        train, held_out = train[: -args.n_eval], train[-args.n_eval :]
+    if not train or not held_out:
+        raise ValueError("no training or no held-out problems (answers must end with '#### <number>')")
     if args.warmup_steps > 0:
         supervised_warmup(model, tokenizer, train, args.warmup_steps, learning_rate=args.warmup_lr, seed=seed)
     return model, tokenizer, train, held_out
@@ -183,7 +257,7 @@ def load_model_and_data(
 
 def run_one(
     args: argparse.Namespace,
-    method: str,
+    method: Method,
     lag: int,
     seed: int,
     model: PreTrainedModel,
@@ -192,15 +266,15 @@ def run_one(
     held_out: list[Problem],
 ) -> tuple[list[tuple[int, float, float | None]], list[dict[str, Any]], float]:
     """One RL run from a copy of the warmed-up model; returns the accuracy curve, TRL's log and the wall time."""
-    loss_type, tv_threshold, _ = method_settings(method, args)
     output_dir = tempfile.TemporaryDirectory(prefix="vaco_grpo_")  # nothing is saved there (save_strategy="no")
     config = VACOGRPOConfig(
         output_dir=output_dir.name,
-        loss_type=loss_type,
+        loss_type=method.loss_type,
+        vaco_form=method.form or "token",
         policy_lag=lag,
-        tv_threshold=tv_threshold,
-        tv_reference=args.tv_reference,
-        importance_sampling_level=args.importance_sampling_level,
+        tv_threshold=args.tv_threshold if math.isnan(method.tv_threshold) else method.tv_threshold,
+        rho_bar=args.rho_bar,
+        importance_sampling_level="token" if method.form == "sequence" else args.importance_sampling_level,
         epsilon=args.epsilon,
         max_steps=args.max_steps,
         learning_rate=args.learning_rate,
@@ -289,7 +363,53 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+def summary_row(
+    args: argparse.Namespace,
+    method: Method,
+    lag: int,
+    seed: int,
+    curve: list[tuple[int, float, float | None]],
+    run_logs: list[dict[str, Any]],
+    wall: float,
+) -> dict[str, Any]:
+    """One row of summary.csv (``SUMMARY_COLUMNS``): accuracies before RL (after the warm-up) and at the last step."""
+
+    def cell(value: float | None) -> float | str:
+        return "" if value is None or math.isnan(value) else round(value, 4)
+
+    def logged(name: str) -> float | str:
+        return cell(_mean([log[name] for log in run_logs if log.get(name) is not None]))
+
+    greedy = [a for _, a, _ in curve]
+    sampled = [p for _, _, p in curve if p is not None]
+    headline = greedy if args.accuracy == "greedy" else sampled
+    return {
+        "method": method.name,
+        "lag": lag,
+        "seed": seed,
+        "start_accuracy": cell(headline[0]),
+        "final_accuracy": cell(headline[-1]),
+        "accuracy_kind": args.accuracy,
+        "start_accuracy_greedy": cell(greedy[0]),
+        "final_accuracy_greedy": cell(greedy[-1]),
+        "last3_accuracy_greedy": cell(_mean(greedy[-3:])),
+        "start_accuracy_sampled": cell(sampled[0] if sampled else None),
+        "final_accuracy_sampled": cell(sampled[-1] if sampled else None),
+        "last3_accuracy_sampled": cell(_mean(sampled[-3:])),
+        "loss_type": method.loss_type,
+        "vaco_form": method.form,
+        "tv_threshold": cell(method.tv_threshold),
+        "steps": curve[-1][0],
+        "policy_lag": logged("policy_lag"),
+        "tv_behavior": logged("tv_behavior"),
+        "clip_fraction": logged("clip_ratio/region_mean"),
+        "filtered_fraction": logged("filtered_fraction"),
+        "importance_weight": logged("importance_weight"),
+        "wall_s": round(wall, 1),
+    }
+
+
+def plot(rows: list[dict[str, Any]], args: argparse.Namespace, methods: list[Method], path: Path) -> None:
     """Accuracy curves (greedy, sampled), one panel per lag: mean over seeds with the seeds' min-max band."""
     import matplotlib
 
@@ -303,16 +423,16 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> No
     fig, axes = plt.subplots(len(metrics), len(args.lags), figsize=size, sharex=True, sharey="row", squeeze=False)
     for i, (metric, label) in enumerate(metrics):
         for ax, lag in zip(axes[i], args.lags, strict=True):
-            for method in args.methods:
+            for method in methods:
                 curves: dict[int, dict[int, float]] = {}
                 for row in rows:
-                    if row["method"] == method and row["lag"] == lag:
+                    if row["method"] == method.name and row["lag"] == lag:
                         curves.setdefault(row["seed"], {})[row["step"]] = row[metric]
                 if not curves:
                     continue
                 steps = sorted(set.intersection(*(set(curve) for curve in curves.values())))
                 values = np.array([[curve[step] for step in steps] for curve in curves.values()])
-                ax.plot(steps, values.mean(axis=0), label=f"{method_settings(method, args)[2]}, {len(curves)} seeds")
+                ax.plot(steps, values.mean(axis=0), label=f"{method.label}, {len(curves)} seeds")
                 ax.fill_between(steps, values.min(axis=0), values.max(axis=0), alpha=0.2)
             ax.set_title(f"policy lag K = {lag} optimizer steps", fontsize=10)
             ax.grid(alpha=0.3)
@@ -327,12 +447,15 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> No
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    for method in args.methods:
-        method_settings(method, args)  # fail before any run on an unknown method
+    methods = [parse_method(method, args) for method in args.methods]  # fail before any run on an unknown method
+    args.methods = [method.name for method in methods]
+    if args.accuracy == "sampled" and args.eval_samples <= 0:
+        raise ValueError("--accuracy sampled needs --eval-samples > 0")
     th.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     logs: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     start = time.perf_counter()
     for seed in args.seeds:
@@ -340,21 +463,24 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer, train, held_out = load_model_and_data(args, seed)
         timings[f"warmup_seed{seed}"] = time.perf_counter() - seed_start
         for lag in args.lags:
-            for method in args.methods:
+            for method in methods:
                 curve, history, wall = run_one(args, method, lag, seed, model, tokenizer, train, held_out)
-                timings[f"{method}_lag{lag}_seed{seed}"] = wall
+                name = method.name
+                timings[f"{name}_lag{lag}_seed{seed}"] = wall
                 rows += [
-                    {"method": method, "lag": lag, "seed": seed, "step": s, "accuracy": a, "sampled_accuracy": p}
+                    {"method": name, "lag": lag, "seed": seed, "step": s, "accuracy": a, "sampled_accuracy": p}
                     for s, a, p in curve
                 ]
-                for entry in history:
-                    if "step" in entry and "train_runtime" not in entry:
-                        logs.append(
-                            {"method": method, "lag": lag, "seed": seed, "step": entry["step"]}
-                            | {key: entry.get(key) for key in LOG_KEYS}
-                        )
+                run_logs = [
+                    {"method": name, "lag": lag, "seed": seed, "step": entry["step"]}
+                    | {key: entry.get(key) for key in LOG_KEYS}
+                    for entry in history
+                    if "step" in entry and "train_runtime" not in entry
+                ]
+                logs += run_logs
+                summary.append(summary_row(args, method, lag, seed, curve, run_logs, wall))
                 print(
-                    f"{method} lag={lag} seed={seed}: accuracy {curve[0][1]:.3f} -> {curve[-1][1]:.3f} ({wall:.0f} s)",
+                    f"{name} lag={lag} seed={seed}: greedy accuracy {curve[0][1]:.3f} -> {curve[-1][1]:.3f} ({wall:.0f} s)",
                     flush=True,
                 )
     total = time.perf_counter() - start
@@ -367,8 +493,12 @@ def main(argv: list[str] | None = None) -> None:
         writer = csv.DictWriter(f, fieldnames=["method", "lag", "seed", "step", *LOG_KEYS])
         writer.writeheader()
         writer.writerows(logs)
+    with open(args.out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
+        writer.writeheader()
+        writer.writerows(summary)
     (args.out / "summary.md").write_text(summarize(rows, logs))
-    plot(rows, args, args.out / "accuracy.png")
+    plot(rows, args, methods, args.out / "accuracy.png")
     import transformers
     import trl
 

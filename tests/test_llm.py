@@ -1,7 +1,13 @@
-"""The LLM extra: the token-level TV filter in closed form and the TRL trainer on a tiny model (its snapshot ring,
-shared with the SB3 algorithms, is tested in test_lag.py)."""
+"""The LLM extra: VACO's forms (token, sequence, decoupled) in closed form, the TRL trainer on a tiny model, and the demo
+script's real-model path on a saved tiny model (the snapshot ring, shared with the SB3 algorithms, is tested in
+test_lag.py)."""
 
+import csv
+import importlib.util
+import json
+import math
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub is imported: no network, no telemetry
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -15,12 +21,20 @@ from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback
 
 from sb3_vaco.common.losses import tv_filtered_surrogate
-from sb3_vaco.llm import VACOGRPOConfig, VACOGRPOTrainer, masked_tv_filtered_surrogate
+from sb3_vaco.llm import (
+    VACOGRPOConfig,
+    VACOGRPOTrainer,
+    masked_tv_filtered_surrogate,
+    vaco_decoupled_loss,
+    vaco_sequence_loss,
+    vaco_token_loss,
+)
 from sb3_vaco.llm.math_task import (
     build_tiny_model,
     build_tokenizer,
     exact_answer_reward,
     extract_answer,
+    load_gsm8k,
     make_word_problems,
 )
 
@@ -85,6 +99,126 @@ def test_sequence_level_ratio():
     assert th.equal(out.mask, th.tensor([[0.0], [0.0]]))  # both push away: +1·0.6 > 0, −1·(−0.1) > 0
 
 
+def _logps(values):
+    """Log-probs with gradient from a nested list of probability ratios (shape (2, 3))."""
+    return th.log(th.tensor(values)).requires_grad_(True)
+
+
+def test_token_form_is_the_filter_on_the_behavior_ratio():
+    behavior = th.log(th.tensor([[0.5, 0.2, 0.1], [0.3, 0.6, 0.9]]))
+    logps = (behavior + th.log(th.tensor([[1.5, 0.5, 1.0], [1.5, 0.5, 9.0]]))).requires_grad_(True)
+    out = vaco_token_loss(logps, behavior, ADVANTAGES, TOKEN_MASK, 0.1)
+    ref = masked_tv_filtered_surrogate(th.exp(logps.detach() - behavior), ADVANTAGES, 0.1, TOKEN_MASK)
+    assert th.equal(out.mask, th.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))  # as in test_exact_mask_above_threshold
+    assert out.loss.item() == pytest.approx(ref.loss.item())
+    assert out.tv_estimate.item() == pytest.approx(0.2) and out.filter_active == 1.0 and out.weights is None
+    out.loss.backward()  # d/d log π_θ of −q·Â/5 is −q·Â/5 on the kept tokens
+    assert th.allclose(logps.grad, -th.tensor([[0.0, 0.5, 1.0], [-1.5, 0.0, 0.0]]) / 5)
+
+
+# log ρ = log π_T − log μ: the lag already present when the batch enters training. The padding entry (row 1, last)
+# is NaN to check that it is ignored.
+LOG_RHO = th.log(th.tensor([[2.0, 1.0, 0.5], [1.2, 0.8, float("nan")]]))
+
+
+def _sequence_loss(log_rho=LOG_RHO, ratio=1.0, advantages=ADVANTAGES, token_mask=TOKEN_MASK, **kwargs):
+    proximal = th.full((2, 3), -1.0)
+    logps = (proximal + math.log(ratio)).requires_grad_(True)
+    out = vaco_sequence_loss(logps, proximal, proximal - log_rho, advantages, token_mask, **kwargs)
+    out.loss.backward()
+    return out, logps.grad
+
+
+def test_sequence_form_drops_tv_increasing_tokens_of_completions_over_budget():
+    # D_0 = ½·mean(|2 − 1|, 0, |0.5 − 1|) = 0.25 > δ; D_1 = ½·mean(0.2, 0.2) = 0.1 ≤ δ
+    out, grad = _sequence_loss(tv_threshold=0.2)
+    assert out.tv_estimate.item() == pytest.approx((0.25 + 0.1) / 2)
+    assert out.filter_active == 0.5  # one completion of two over the budget
+    # Completion 0 (Â = +1): ρ = 2 would grow (sign(log ρ)·Â > 0): dropped; ρ = 1 (sign 0) and ρ = 0.5 kept
+    assert th.equal(out.mask, th.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]]))
+    weights = th.tensor([[0.0, 1.0, 0.5], [1.2, 0.8, 0.0]])  # m·min(ρ, 2)
+    assert th.allclose(out.weights, weights)
+    # π_θ = π_T: r = 1, L = −Σ w·Â / 5 valid tokens
+    assert out.loss.item() == pytest.approx(-(1.0 + 0.5 - 1.2 - 0.8) / 5)
+    assert th.allclose(grad, -weights * ADVANTAGES[:, None] / 5)
+    # Below δ = 0.05 completion 1 is over budget too: ρ = 0.8 with Â = −1 would move away from 1 (dropped)
+    out, _ = _sequence_loss(tv_threshold=0.05)
+    assert th.equal(out.mask, th.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    assert out.filter_active == 1.0
+
+
+def test_sequence_form_truncates_weights_and_clips():
+    out, _ = _sequence_loss(tv_threshold=10.0, rho_bar=1.0)
+    assert out.filter_active == 0.0
+    assert th.allclose(out.weights, th.tensor([[1.0, 1.0, 0.5], [1.0, 0.8, 0.0]]))
+    # r = 1.5 > 1 + ε on every token: clipped (zero gradient) where Â > 0, not where Â < 0
+    out, grad = _sequence_loss(ratio=1.5, tv_threshold=10.0, epsilon_low=0.2, epsilon_high=0.2)
+    assert out.clip_fraction == pytest.approx(3 / 5)
+    assert th.equal(grad[0], th.zeros(3))
+    assert th.allclose(grad[1], th.tensor([1.2 * 1.5, 0.8 * 1.5, 0.0]) / 5)
+    assert out.loss.item() == pytest.approx(-(1.2 * (2.0 + 1.0 + 0.5) - 1.5 * (1.2 + 0.8)) / 5)
+
+
+@pytest.mark.parametrize("valid_tokens", [True, False])
+def test_sequence_form_fully_filtered_gives_zero_gradient(valid_tokens):
+    # Every ρ = 3 > 1 with Â > 0, D = 1 > δ: every token is dropped. Or no valid token at all.
+    log_rho = th.full((2, 3), math.log(3.0))
+    mask = TOKEN_MASK if valid_tokens else th.zeros(2, 3)
+    out, grad = _sequence_loss(log_rho, advantages=th.tensor([2.0, 1.0]), token_mask=mask, tv_threshold=0.2)
+    assert out.loss.item() == 0.0 and th.equal(grad, th.zeros(2, 3))
+    assert th.isfinite(out.tv_estimate) and not th.isnan(grad).any()
+    # One completion filtered, the other (Â < 0) kept: only the kept one has a gradient
+    out, grad = _sequence_loss(log_rho, advantages=th.tensor([2.0, -1.0]), tv_threshold=0.2)
+    assert th.equal(grad[0], th.zeros(3)) and (grad[1, :2] != 0).all()
+
+
+def test_sequence_form_clamps_extreme_log_ratios():
+    log_rho = th.tensor([[50.0, -50.0, 0.0], [0.0, 0.0, 0.0]])
+    out, grad = _sequence_loss(log_rho, tv_threshold=1e9, rho_bar=2.0)
+    assert th.allclose(out.weights[0], th.tensor([2.0, math.exp(-10.0), 1.0]))
+    assert th.isfinite(out.loss) and th.isfinite(grad).all() and th.isfinite(out.tv_estimate)
+
+
+def test_decoupled_form_filters_around_the_proximal_policy():
+    proximal = th.log(th.tensor([[0.3, 0.2, 0.1], [0.4, 0.4, 0.4]]))
+    behavior = proximal - th.log(th.tensor([[3.0, 1.0, 1.0], [1.0, 0.5, 1.0]]))  # ρ = π_T/μ
+    logps = (proximal + th.log(th.tensor([[1.5, 0.5, 1.0], [2.0, 0.5, 1.0]]))).requires_grad_(True)  # q = π_θ/π_T
+    out = vaco_decoupled_loss(logps, proximal, behavior, ADVANTAGES, TOKEN_MASK, tv_threshold=0.2, rho_bar=2.0)
+    # w = min(ρ, 2) = [[2, 1, 1], [1, 0.5]]; D̂ = ½·(2·0.5 + 0.5 + 0 + 1 + 0.5·0.5) / 5 = 0.275 > δ
+    assert out.tv_estimate.item() == pytest.approx(0.275) and out.filter_active == 1.0
+    # Â·(q − 1) > 0 dropped: (+1, q = 1.5) and (−1, q = 0.5)
+    assert th.equal(out.mask, th.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    assert th.allclose(out.weights, th.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    assert out.loss.item() == pytest.approx(-(1.0 * 0.5 + 1.0 * 1.0 - 1.0 * 2.0) / 5)
+    out.loss.backward()
+    assert th.allclose(logps.grad, -th.tensor([[0.0, 0.5, 1.0], [-2.0, 0.0, 0.0]]) / 5)
+    # Untruncated weights: the first token weighs 3 in the estimate
+    untruncated = vaco_decoupled_loss(logps, proximal, behavior, ADVANTAGES, TOKEN_MASK, 0.2, rho_bar=math.inf)
+    assert untruncated.tv_estimate.item() == pytest.approx(0.5 * (3 * 0.5 + 0.5 + 1 + 0.25) / 5)
+
+
+@pytest.mark.parametrize("sequence_ratio", [False, True])
+def test_forms_coincide_without_lag(sequence_ratio):
+    # μ = π_T: the decoupled form is the token form (ρ = 1, any ρ̄ ≥ 1)
+    gen = th.Generator().manual_seed(0)
+    proximal = -th.rand(8, 6, generator=gen) - 0.1
+    logps = (proximal + 0.3 * th.randn(8, 6, generator=gen)).requires_grad_(True)
+    advantages = th.randn(8, generator=gen)
+    mask = (th.rand(8, 6, generator=gen) > 0.3).float()
+    token = vaco_token_loss(logps, proximal, advantages, mask, 0.05, sequence_ratio)
+    decoupled = vaco_decoupled_loss(logps, proximal, proximal, advantages, mask, 0.05, 1.0, sequence_ratio)
+    assert token.filter_active == 1.0 and 0 < token.mask.sum() < (mask.sum() if not sequence_ratio else 8)
+    assert token.loss.item() == pytest.approx(decoupled.loss.item())
+    assert th.equal(token.mask, decoupled.mask)
+    # ... and the sequence form is PPO's clipped surrogate (ρ = 1: nothing filtered, weights 1)
+    sequence = vaco_sequence_loss(logps, proximal, proximal, advantages, mask, 0.0)
+    ratio = th.exp(logps.detach() - proximal)
+    a = advantages[:, None]
+    clipped = th.min(ratio * a, th.clamp(ratio, 0.8, 1.2) * a)
+    assert sequence.loss.item() == pytest.approx(-(clipped * mask).sum().item() / mask.sum().item())
+    assert sequence.filter_active == 0.0 and th.equal(sequence.mask, mask)
+
+
 def test_extract_answer():
     assert extract_answer("1 7 <eos>") == "17"
     assert extract_answer("so 3 + 4 = 7. #### 1,234") == "1234"
@@ -127,9 +261,9 @@ def _logged(trainer, key):
     return [entry[key] for entry in trainer.state.log_history if entry.get(key) is not None]
 
 
-@pytest.mark.parametrize("tv_reference, level", [("behavior", "token"), ("learner", "token"), ("decoupled", "sequence")])
-def test_trainer_runs_vaco(tmp_path, tv_reference, level):
-    trainer = _trainer(tmp_path, steps_per_generation=2, tv_reference=tv_reference, importance_sampling_level=level)
+@pytest.mark.parametrize("form, level", [("token", "token"), ("token", "sequence"), ("decoupled", "sequence")])
+def test_trainer_runs_vaco(tmp_path, form, level):
+    trainer = _trainer(tmp_path, steps_per_generation=2, vaco_form=form, importance_sampling_level=level)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert trainer.state.global_step == 4
@@ -139,6 +273,28 @@ def test_trainer_runs_vaco(tmp_path, tv_reference, level):
     assert tv[0] == 0.0  # first step of a generation batch: π_θ = μ, ratio exactly 1
     assert all(0.0 <= f <= 1.0 for f in _logged(trainer, "filtered_fraction"))
     assert all(th.isfinite(th.tensor(loss)) for loss in _logged(trainer, "loss"))
+
+
+@pytest.mark.parametrize("form", ["token", "sequence", "decoupled"])
+def test_trainer_runs_each_form_under_lag(tmp_path, form):
+    # A generation every 2 steps by the model 2 steps stale: the second batch has μ ≠ π_T
+    trainer = _trainer(tmp_path, max_steps=4, steps_per_generation=2, policy_lag=2, vaco_form=form)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert trainer.state.global_step == 4 and trainer.generation_versions == [(0, 0), (2, 0)]
+    assert any(not th.equal(b, p) for b, p in zip(before, trainer.model.parameters(), strict=True))
+    assert _logged(trainer, "tv_behavior")[-1] > 0.0
+    for key in ("loss", "tv_estimate", "filtered_fraction", "filter_active_fraction"):
+        values = _logged(trainer, key)
+        assert len(values) == 4 and all(math.isfinite(v) for v in values), key
+    assert all(0.0 <= f <= 1.0 for f in _logged(trainer, "filtered_fraction"))
+    weights = _logged(trainer, "importance_weight")
+    if form == "token":
+        assert weights == []
+    else:  # the first batch is aligned (ρ = 1), the second one lagged
+        assert len(weights) == 4 and weights[0] == pytest.approx(1.0) and weights[-1] != pytest.approx(1.0)
+    if form == "sequence":
+        assert len(_logged(trainer, "clip_ratio/region_mean")) == 4
 
 
 def test_lagged_generations_carry_their_version(tmp_path):
@@ -164,7 +320,102 @@ def test_grpo_baseline_under_lag_uses_behavior_ratio(tmp_path):
 
 
 def test_config_validation(tmp_path):
-    with pytest.raises(ValueError, match="tv_reference"):
-        VACOGRPOConfig(output_dir=str(tmp_path), tv_reference="nope", use_cpu=True, report_to="none")
+    common = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="vaco_form"):
+        VACOGRPOConfig(vaco_form="nope", **common)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        VACOGRPOConfig(vaco_form="sequence", importance_sampling_level="sequence", **common)
     with pytest.raises(ValueError, match="policy_lag"):
-        VACOGRPOConfig(output_dir=str(tmp_path), policy_lag=-1, use_cpu=True, report_to="none")
+        VACOGRPOConfig(policy_lag=-1, **common)
+    with pytest.raises(ValueError, match="tv_reference"):
+        VACOGRPOConfig(tv_reference="nope", **common)
+    with pytest.raises(ValueError, match="rho_bar"):
+        VACOGRPOConfig(vaco_form="decoupled", rho_bar=0.0, **common)
+    # Each form's own truncation by default
+    assert [VACOGRPOConfig(vaco_form=form, **common).rho_bar for form in ("token", "sequence", "decoupled")] == [
+        math.inf,
+        2.0,
+        1.0,
+    ]
+
+
+@pytest.mark.parametrize(
+    "tv_reference, form, rho_bar",
+    [("behavior", "token", math.inf), ("learner", "decoupled", math.inf), ("decoupled", "decoupled", 1.0)],
+)
+def test_deprecated_tv_reference(tmp_path, tv_reference, form, rho_bar):
+    with pytest.warns(FutureWarning, match="vaco_form"):
+        config = VACOGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", tv_reference=tv_reference)
+    assert (config.vaco_form, config.rho_bar) == (form, rho_bar)
+    with pytest.warns(FutureWarning, match="rho_bar"):
+        config = VACOGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", vaco_form="sequence", pg_rho_bar=3.0)
+    assert config.rho_bar == 3.0
+
+
+# ----- the demo script (loaded from its file, as tests/test_wallclock.py loads analyze.py) --------------------------
+
+DEMO = Path(__file__).resolve().parents[1] / "scripts" / "llm_gsm_demo.py"
+
+# GSM8K's format: the worked answer ends with "#### <number>". Words from the toy tokenizer's vocabulary.
+GSM8K_ROWS = [
+    {"question": "ann has 3 apples . bob gives ann 2 more . how many apples does ann have ?", "answer": "3 + 2 = 5 .\n#### 5"},
+    {"question": "cat has 7 pens and gives 4 to dan . how many pens does cat have now ?", "answer": "7 - 4 = 3 .\n#### 3"},
+    {"question": "eve buys 2 boxes of 3 eggs . how many eggs in total ?", "answer": "2 * 3 = 6 .\n#### 6"},
+    {"question": "fay has 1 , 2 0 0 coins . how many coins does fay have ?", "answer": "#### 1,200"},
+]
+
+
+def _demo():
+    spec = importlib.util.spec_from_file_location("llm_gsm_demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_method_names():
+    demo = _demo()
+    args = demo.parse_args([])
+    assert [demo.parse_method(m, args).name for m in args.methods] == list(demo.METHODS)
+    method = demo.parse_method("vaco@0.05", args)
+    assert (method.name, method.loss_type, method.form, method.tv_threshold) == ("vaco_token@0.05", "vaco", "token", 0.05)
+    assert demo.parse_method("vaco_sequence", args).tv_threshold == args.tv_threshold
+    with pytest.raises(ValueError, match="unknown method"):
+        demo.parse_method("vaco_nope", args)
+
+
+def test_demo_real_model_path(tmp_path):
+    # A local model folder (save_pretrained) and a local GSM8K-format .jsonl, every method at two lags, two steps
+    tokenizer = build_tokenizer()
+    build_tiny_model(tokenizer, hidden_size=32, num_layers=1, seed=0).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
+    assert [p["answer"] for p in load_gsm8k(data)] == ["5", "3", "6", "1200"]
+    out = tmp_path / "out"
+    methods = ["grpo", "vaco_token", "vaco_sequence@0.1", "vaco_decoupled"]
+    # fmt: off
+    _demo().main([
+        "--model", str(tmp_path / "model"), "--dataset", str(data), "--eval-dataset", str(data), "--out", str(out),
+        "--methods", *methods, "--lag", "0", "2", "--seeds", "0", "--max-steps", "2", "--warmup-steps", "2",
+        "--batch-size", "8", "--num-generations", "4", "--steps-per-generation", "2", "--max-completion-length", "3",
+        "--eval-every", "1", "--eval-samples", "1",
+    ])
+    # fmt: on
+    with open(out / "summary.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    columns = ("method", "lag", "seed", "start_accuracy", "final_accuracy")
+    assert reader.fieldnames is not None and tuple(reader.fieldnames[:5]) == columns
+    assert [(row["method"], row["lag"], row["seed"]) for row in rows] == [(m, lag, "0") for lag in ("0", "2") for m in methods]
+    for row in rows:
+        assert row["accuracy_kind"] == "greedy" and row["steps"] == "2"
+        assert row["start_accuracy"] == row["start_accuracy_greedy"] and row["final_accuracy"] == row["final_accuracy_greedy"]
+        for key in ("start_accuracy", "final_accuracy", "start_accuracy_sampled", "final_accuracy_sampled"):
+            assert 0.0 <= float(row[key]) <= 1.0
+        assert (row["vaco_form"], row["loss_type"]) == (
+            ("", "dapo") if row["method"] == "grpo" else (row["method"][5:].split("@")[0], "vaco")
+        )
+    assert {row["tv_threshold"] for row in rows if row["method"].startswith("vaco_sequence")} == {"0.1"}
+    for name in ("runs.csv", "train_log.csv", "summary.md", "accuracy.png", "config.json"):
+        assert (out / name).is_file()
+    assert json.loads((out / "config.json").read_text())["args"]["model"] == str(tmp_path / "model")

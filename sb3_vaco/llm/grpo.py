@@ -1,9 +1,12 @@
 """
 GRPO with VACO's total-variation filter instead of ratio clipping, and with injectable policy lag,
-as a subclass of TRL's :class:`~trl.GRPOTrainer` (``loss_type="vaco"`` switches the loss).
+as a subclass of TRL's :class:`~trl.GRPOTrainer` (``loss_type="vaco"`` switches the loss, ``vaco_form`` chooses
+among VACO's forms for LLMs).
 """
 
 import copy
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,47 +17,82 @@ from trl.trainer.utils import add_fused_lm_head, pad
 
 from sb3_vaco.common.lag import SnapshotRing
 from sb3_vaco.common.losses import safe_ratio
-from sb3_vaco.llm.losses import masked_tv_filtered_surrogate
+from sb3_vaco.llm.losses import FilteredLoss, vaco_decoupled_loss, vaco_sequence_loss, vaco_token_loss
 
-#: Reference policies of the trainer's TV estimate (``VACOGRPOConfig.tv_reference``)
-LLM_TV_REFERENCES = ("behavior", "learner", "decoupled")
+#: VACO's forms for LLMs (``VACOGRPOConfig.vaco_form``), see :mod:`sb3_vaco.llm.losses`
+VACO_FORMS = ("token", "sequence", "decoupled")
+
+#: Default truncation ``ρ̄`` of ``π_T/μ`` per form: open-instruct's [0, 2] for TVPO, SB3's ``VACO`` decoupled ``min(1, ·)``
+DEFAULT_RHO_BAR = {"token": math.inf, "sequence": 2.0, "decoupled": 1.0}
+
+#: Deprecated ``tv_reference`` values and the form each one now is
+LLM_TV_REFERENCES = {"behavior": "token", "learner": "decoupled", "decoupled": "decoupled"}
 
 
 @dataclass
 class VACOGRPOConfig(GRPOConfig):
     """
     :class:`~trl.GRPOConfig` with VACO's filter and injected policy lag. Every GRPO option keeps its meaning;
-    ``loss_type="vaco"`` (the default here) replaces the clipped surrogate by the TV filter, any of TRL's own
+    ``loss_type="vaco"`` (the default here) replaces the clipped surrogate by one of VACO's forms, any of TRL's own
     loss types (``"dapo"``, ``"grpo"``, ...) runs unchanged on the same (possibly lagged) generations.
 
-    :param tv_threshold: the TV budget ``δ`` per micro-batch
-    :param tv_reference: reference policy of the TV estimate: ``"behavior"`` (the policy that generated the
-        completions, ``q = π_θ/μ``: the paper's rule), ``"learner"`` (the policy when the generation batch enters
-        training, ``q = π_θ/π_T`` weighted by ``π_T/μ``) or ``"decoupled"`` (as ``"learner"``, weight truncated at
-        ``pg_rho_bar``). ``importance_sampling_level="sequence"`` makes the ratio, the TV estimate and the mask
-        per completion (``exp`` of the mean token log-ratio, as in GSPO) instead of per token.
-    :param pg_rho_bar: truncation of the weight ``π_T/μ`` for ``tv_reference="decoupled"``
+    :param vaco_form: which of VACO's forms (``μ``: the generating policy, ``π_T``: the learner when the batch
+        entered training; formulas in :mod:`sb3_vaco.llm.losses`): ``"token"`` (the paper's rule: TV filter on
+        ``π_θ/μ``, one sample per token, no clip), ``"sequence"`` (open-instruct's TVPO: PPO's clip on ``π_θ/π_T``,
+        ``epsilon`` / ``epsilon_high``, weighted by ``min(π_T/μ, ρ̄)``, tokens that would increase a completion's
+        TV over ``δ`` dropped) or ``"decoupled"`` (TV filter on ``π_θ/π_T``, weighted by ``min(π_T/μ, ρ̄)``).
+        ``importance_sampling_level="sequence"`` makes the ratio, the TV estimate and the mask of the ``"token"``
+        and ``"decoupled"`` forms per completion (``exp`` of the mean token log-ratio, as in GSPO).
+    :param tv_threshold: the TV budget ``δ``: per micro-batch (``"token"``, ``"decoupled"``) or per completion
+        (``"sequence"``); always a TV, ``½·mean|ratio − 1|``
+    :param rho_bar: truncation ``ρ̄`` of the importance weight ``π_T/μ`` (``"sequence"`` and ``"decoupled"``;
+        ``inf``: none); by default the form's own: 2 for ``"sequence"`` (open-instruct's), 1 for ``"decoupled"``
+        (as SB3's ``VACO``)
     :param policy_lag: generate with the learner's parameters from ``K`` optimizer steps ago (a snapshot ring;
         ``0``: the learner generates, as in TRL)
+    :param tv_reference: deprecated, use ``vaco_form``: ``"behavior"`` is ``"token"``, ``"decoupled"`` is
+        ``"decoupled"``, ``"learner"`` is ``"decoupled"`` with ``rho_bar=inf``
+    :param pg_rho_bar: deprecated, use ``rho_bar``
     """
 
     loss_type: str = field(
         default="vaco",
-        metadata={"help": "'vaco' (TV filter, no clipping) or any of GRPOConfig's loss types."},
+        metadata={"help": "'vaco' (VACO's filter, form chosen by vaco_form) or any of GRPOConfig's loss types."},
     )
-    tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ per micro-batch."})
-    tv_reference: str = field(
-        default="behavior", metadata={"help": "Reference of the TV estimate: 'behavior', 'learner' or 'decoupled'."}
+    vaco_form: str = field(
+        default="token", metadata={"help": "VACO's form for loss_type='vaco': 'token', 'sequence' or 'decoupled'."}
     )
-    pg_rho_bar: float = field(default=1.0, metadata={"help": "Truncation of π_T/μ for tv_reference='decoupled'."})
+    tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ (per micro-batch, or per completion)."})
+    rho_bar: float | None = field(
+        default=None,
+        metadata={"help": "Truncation of π_T/μ ('sequence' and 'decoupled' forms; default: 2 and 1 respectively)."},
+    )
     policy_lag: int = field(default=0, metadata={"help": "Generate with the learner's parameters from K optimizer steps ago."})
+    tv_reference: str | None = field(default=None, metadata={"help": "Deprecated: use vaco_form."})
+    pg_rho_bar: float | None = field(default=None, metadata={"help": "Deprecated: use rho_bar."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.tv_reference not in LLM_TV_REFERENCES:
-            raise ValueError(f"`tv_reference` must be one of {LLM_TV_REFERENCES}, got {self.tv_reference!r}")
+        if self.tv_reference is not None:
+            if self.tv_reference not in LLM_TV_REFERENCES:
+                raise ValueError(f"`tv_reference` must be one of {tuple(LLM_TV_REFERENCES)}, got {self.tv_reference!r}")
+            warnings.warn("`tv_reference` is deprecated: use `vaco_form`", FutureWarning)
+            self.vaco_form = LLM_TV_REFERENCES[self.tv_reference]
+            if self.tv_reference == "learner":
+                self.rho_bar = math.inf
+        if self.pg_rho_bar is not None:
+            warnings.warn("`pg_rho_bar` is deprecated: use `rho_bar`", FutureWarning)
+            self.rho_bar = self.pg_rho_bar
+        if self.vaco_form not in VACO_FORMS:
+            raise ValueError(f"`vaco_form` must be one of {VACO_FORMS}, got {self.vaco_form!r}")
+        if self.rho_bar is None:
+            self.rho_bar = DEFAULT_RHO_BAR[self.vaco_form]
+        if self.vaco_form == "sequence" and self.importance_sampling_level != "token":
+            raise ValueError("vaco_form='sequence' takes token ratios: use importance_sampling_level='token'")
         if self.tv_threshold < 0:
             raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
+        if not self.rho_bar > 0:
+            raise ValueError(f"`rho_bar` must be > 0, got {self.rho_bar}")
         if self.policy_lag < 0:
             raise ValueError(f"`policy_lag` must be >= 0, got {self.policy_lag}")
         if self.policy_lag > 0 and self.use_vllm:
@@ -80,14 +118,16 @@ class VACOGRPOTrainer(GRPOTrainer):
     https://arxiv.org/abs/2603.01365) and injectable policy lag.
 
     Advantages are GRPO's group-relative ones (no critic, hence no V-trace realignment). With
-    ``loss_type="vaco"``, for each micro-batch, over its valid completion tokens::
+    ``loss_type="vaco"``, the loss of each micro-batch is one of VACO's forms (``vaco_form``), with ``μ`` the
+    policy that generated the completion and ``π_T`` the learner when the batch entered training:
 
-        q_t = π_θ(y_t|·) / μ(y_t|·)        μ = the policy that generated the completion (its stored log-probs)
-        D̂   = ½ · mean_t |q_t − 1|         (no gradient)
-        m_t = 0  if  D̂ > δ  and  Â · (q_t − 1) > 0  else 1
-        L   = − mean_t( m_t · q_t · Â )
-
-    No ratio clipping. See :class:`VACOGRPOConfig` for the reference policy and sequence-level options.
+    * ``"token"`` (default), the paper's rule: TV filter on ``q_t = π_θ/μ``, no clip,
+      :func:`~sb3_vaco.llm.losses.vaco_token_loss`;
+    * ``"sequence"``, open-instruct's TVPO: clip on ``π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``, tokens dropped where the
+      completion's TV ``½·mean_t|π_T/μ − 1|`` exceeds ``δ`` and the update would increase it,
+      :func:`~sb3_vaco.llm.losses.vaco_sequence_loss`;
+    * ``"decoupled"``: TV filter on ``q_t = π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``,
+      :func:`~sb3_vaco.llm.losses.vaco_decoupled_loss`.
 
     Policy lag (``policy_lag=K``): the learner's parameters are snapshotted (on CPU) after the optimizer steps
     whose version will act, and each generation batch is sampled by a separate copy of the model loaded
@@ -99,7 +139,9 @@ class VACOGRPOTrainer(GRPOTrainer):
     Logged (under ``train/`` in TensorBoard / W&B): ``policy_lag`` (optimizer steps between the generating
     policy and the one being updated, per micro-batch), ``generation_lag`` (staleness when generated),
     ``tv_behavior`` (``½·mean|π_T/μ − 1|`` at generation), and for ``"vaco"``: ``tv_estimate``,
-    ``filtered_fraction``, ``filter_active_fraction``, ``tv_to_behavior`` (``½·mean|π_θ/μ − 1|``).
+    ``filtered_fraction``, ``filter_active_fraction``, ``tv_to_behavior`` (``½·mean|π_θ/μ − 1|``), and for the
+    ``"sequence"`` and ``"decoupled"`` forms ``importance_weight`` (mean weight of the valid tokens, dropped ones
+    as 0) and for ``"sequence"`` ``clip_ratio/region_mean`` (as TRL's).
 
     The filter's minibatch is a micro-batch (one ``per_device_train_batch_size`` slice on one process): under
     gradient accumulation the TV test runs per micro-batch. Not supported with ``"vaco"``: adaptive entropy,
@@ -122,8 +164,8 @@ class VACOGRPOTrainer(GRPOTrainer):
         self._steps_per_generation = int(config.steps_per_generation or 1)  # set by GRPOConfig.__post_init__
         self._cast_lm_head_to_fp32 = config.cast_lm_head_to_fp32
         self.tv_threshold = config.tv_threshold
-        self.tv_reference = config.tv_reference
-        self.pg_rho_bar = config.pg_rho_bar
+        self.vaco_form = config.vaco_form
+        self.rho_bar = float(config.rho_bar if config.rho_bar is not None else DEFAULT_RHO_BAR[self.vaco_form])
         self.policy_lag = config.policy_lag
         # On CPU: a stale copy costs host memory, not accelerator memory.
         self._snapshots = SnapshotRing(device="cpu") if self.policy_lag > 0 else None
@@ -240,7 +282,7 @@ class VACOGRPOTrainer(GRPOTrainer):
         version = self._generation_version
         mask = output["completion_mask"] if "tool_mask" not in output else output["completion_mask"] * output["tool_mask"]
         learner = output.get("old_per_token_logps")
-        needs_learner = self._actor_acted or (self.loss_type == "vaco" and self.tv_reference != "behavior")
+        needs_learner = self._actor_acted or (self.loss_type == "vaco" and self.vaco_form != "token")
         if learner is None and needs_learner:
             learner = self._score(self.model, output)
         behavior = output.get("sampling_per_token_logps")  # vLLM's or a rollout_func's log-probs
@@ -279,18 +321,34 @@ class VACOGRPOTrainer(GRPOTrainer):
             return super()._compute_loss(model, inputs)
         return self._compute_vaco_loss(model, inputs, mode)
 
-    def _log_ratios(self, per_token_logps: th.Tensor, inputs: dict[str, Any]) -> tuple[th.Tensor, th.Tensor | None]:
-        """``log q`` and ``log w`` (or None) of the selected TV reference, per token."""
+    def _vaco_loss(self, per_token_logps: th.Tensor, inputs: dict[str, Any], mask: th.Tensor) -> FilteredLoss:
+        """The selected form's loss (:mod:`sb3_vaco.llm.losses`) on the batch's stored log-probs."""
         behavior = inputs.get("behavior_per_token_logps")
-        behavior = per_token_logps.detach() if behavior is None else behavior
-        if self.tv_reference == "behavior":
-            return per_token_logps - behavior, None
-        learner = inputs.get("learner_per_token_logps")
-        learner = behavior if learner is None else learner
-        return per_token_logps - learner, learner - behavior
+        behavior = per_token_logps.detach() if behavior is None else behavior  # on-policy and aligned: μ = π_θ
+        proximal = inputs.get("learner_per_token_logps")
+        proximal = behavior if proximal is None else proximal
+        advantages = inputs["advantages"]
+        sequence_ratio = self.importance_sampling_level == "sequence"
+        if self.vaco_form == "token":
+            return vaco_token_loss(per_token_logps, behavior, advantages, mask, self.tv_threshold, sequence_ratio)
+        if self.vaco_form == "decoupled":
+            return vaco_decoupled_loss(
+                per_token_logps, proximal, behavior, advantages, mask, self.tv_threshold, self.rho_bar, sequence_ratio
+            )
+        return vaco_sequence_loss(
+            per_token_logps,
+            proximal,
+            behavior,
+            advantages,
+            mask,
+            self.tv_threshold,
+            self.rho_bar,
+            self.epsilon_low,
+            self.epsilon_high,
+        )
 
     def _compute_vaco_loss(self, model: Any, inputs: dict[str, Any], mode: str) -> th.Tensor:
-        """VACO's filtered surrogate on GRPO's advantages (see the class docstring), plus KL / entropy terms."""
+        """The selected VACO form on GRPO's advantages (see the class docstring), plus KL / entropy terms."""
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
@@ -302,20 +360,7 @@ class VACOGRPOTrainer(GRPOTrainer):
             token_type_ids=inputs.get("token_type_ids"),
             mm_token_type_ids=inputs.get("mm_token_type_ids"),
         )
-        advantages = inputs["advantages"]
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
-        n_tokens = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-
-        log_q, log_w = self._log_ratios(per_token_logps, inputs)
-        if self.importance_sampling_level == "sequence":
-            log_q = (log_q * mask).sum(dim=1, keepdim=True) / n_tokens
-            log_w = None if log_w is None else (log_w * mask).sum(dim=1, keepdim=True) / n_tokens
-        ratio = safe_ratio(log_q)
-        weights = None if log_w is None else safe_ratio(log_w).detach()
-        if weights is not None and self.tv_reference == "decoupled":
-            weights = th.clamp(weights, max=self.pg_rho_bar)
-        filtered = masked_tv_filtered_surrogate(ratio, advantages, self.tv_threshold, mask, weights)
+        filtered = self._vaco_loss(per_token_logps, inputs, mask)
         loss = filtered.loss
 
         def masked_mean(x: th.Tensor) -> th.Tensor:
@@ -329,17 +374,22 @@ class VACOGRPOTrainer(GRPOTrainer):
         if self.entropy_coef != 0.0:
             loss = loss - self.entropy_coef * masked_mean(entropies)
 
+        gather = self.accelerator.gather
         with th.no_grad():
             behavior = inputs.get("behavior_per_token_logps")
             tv_to_behavior = (
                 th.zeros(()) if behavior is None else 0.5 * masked_mean(th.abs(safe_ratio(per_token_logps - behavior) - 1.0))
             )
-            valid = mask if ratio.shape[1] > 1 else (mask.sum(dim=1, keepdim=True) > 0).float()
+            valid = mask if filtered.mask.shape[1] > 1 else (mask.sum(dim=1, keepdim=True) > 0).float()
             filtered_fraction = 1.0 - filtered.mask.sum() / valid.sum().clamp(min=1.0)
-        gather = self.accelerator.gather
+            if filtered.weights is not None:
+                weight = (filtered.weights * valid).sum() / valid.sum().clamp(min=1.0)
+                self._metrics[mode]["importance_weight"].append(gather(weight).mean().item())
+        if self.vaco_form == "sequence":
+            self._metrics[mode]["clip_ratio/region_mean"].append(filtered.clip_fraction)
         self._metrics[mode]["tv_estimate"].append(gather(filtered.tv_estimate.detach()).mean().item())
         self._metrics[mode]["filtered_fraction"].append(gather(filtered_fraction).mean().item())
-        self._metrics[mode]["filter_active_fraction"].append(float(filtered.filter_active))
+        self._metrics[mode]["filter_active_fraction"].append(filtered.filter_active)
         self._metrics[mode]["tv_to_behavior"].append(gather(tv_to_behavior.to(mask.device)).mean().item())
         self._metrics[mode]["entropy"].append(gather(masked_mean(entropies).detach()).mean().item())
 

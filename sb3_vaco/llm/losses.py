@@ -1,11 +1,74 @@
 """
-VACO's total-variation filter at token (or sequence) level: the minibatch rule of
-:func:`sb3_vaco.common.losses.tv_filtered_surrogate` applied to the valid completion tokens of a padded batch.
+VACO's forms for LLM RL as pure functions of per-token log-probs, advantages and the completion mask of a padded
+``(B, T)`` batch (``B`` completions, ``T`` completion positions). Three policies appear:
+
+* ``π_θ``: the policy being optimized (``logps``, with gradient);
+* ``π_T``: the learner when the generation batch entered training, the *proximal* policy (``proximal_logps``);
+* ``μ``: the policy that generated the completions, the *behavior* policy (``behavior_logps``): a stale snapshot
+  under injected lag, or the inference engine (vLLM) whose log-probs differ from the trainer's.
+
+Forms (``VACOGRPOConfig.vaco_form``):
+
+* ``"token"`` (:func:`vaco_token_loss`): the paper's TV filter on ``q = π_θ/μ``, one sample per token;
+* ``"sequence"`` (:func:`vaco_sequence_loss`): the co-authors' LLM port ("TVPO"): PPO's clip on ``π_θ/π_T``,
+  weighted by the truncated ``ρ = π_T/μ``, with a per-completion TV test on ``ρ``;
+* ``"decoupled"`` (:func:`vaco_decoupled_loss`): the TV filter around the proximal policy (``q = π_θ/π_T``),
+  weighted by the truncated ``ρ = π_T/μ`` (decoupled PPO, with the filter in place of the clip).
+
+Every loss is a mean over the valid tokens of the micro-batch (what TRL calls ``"bnpo"``); a micro-batch whose
+tokens are all dropped, or that has no valid token, gives a loss of exactly 0 with a zero gradient.
 """
+
+import math
+from typing import NamedTuple
 
 import torch as th
 
-from sb3_vaco.common.losses import FilteredSurrogate, tv_filtered_surrogate
+from sb3_vaco.common.losses import FilteredSurrogate, safe_ratio, tv_filtered_surrogate
+
+#: Log of the importance weight ρ = π_T/μ is clamped to ±MAX_LOG_RHO before ``exp`` (as open-instruct does)
+MAX_LOG_RHO = 10.0
+
+
+class FilteredLoss(NamedTuple):
+    """
+    :param loss: the loss to minimize (scalar)
+    :param mask: 1.0 where a sample is kept, 0.0 where it is filtered out or invalid; shaped like the ratio,
+        ``(B, T)`` per token or ``(B, 1)`` per completion
+    :param tv_estimate: the TV estimate the filter tested (scalar, no gradient): of the micro-batch (token and
+        decoupled forms) or the mean of the completions' estimates (sequence form)
+    :param filter_active: the fraction of the filter's units over the budget: the micro-batch (0 or 1) or, in the
+        sequence form, the completions
+    :param weights: the constant weight of each valid token or completion in the loss (``mask`` included), or None
+        when every weight is 1
+    :param clip_fraction: fraction of valid tokens whose ratio is clipped (zero gradient), sequence form only
+    """
+
+    loss: th.Tensor
+    mask: th.Tensor
+    tv_estimate: th.Tensor
+    filter_active: float
+    weights: th.Tensor | None = None
+    clip_fraction: float = 0.0
+
+
+def sequence_mean(values: th.Tensor, token_mask: th.Tensor) -> th.Tensor:
+    """Mean of ``values`` over each completion's valid tokens, shape ``(B, 1)`` (0 for a completion with none)."""
+    total = th.where(token_mask.bool(), values, 0.0).sum(dim=1, keepdim=True)
+    return total / token_mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+
+
+def importance_weights(log_rho: th.Tensor, rho_bar: float = math.inf) -> th.Tensor:
+    """
+    Truncated importance weights, no gradient::
+
+        w = min( exp(clamp(log ρ, −10, 10)), ρ̄ )          log ρ = log π_T − log μ
+
+    :param log_rho: ``log ρ``, any shape
+    :param rho_bar: the truncation ``ρ̄`` (``inf``: none)
+    """
+    rho = th.exp(th.clamp(log_rho.detach(), -MAX_LOG_RHO, MAX_LOG_RHO))
+    return rho if math.isinf(rho_bar) else th.clamp(rho, max=rho_bar)
 
 
 def masked_tv_filtered_surrogate(
@@ -55,3 +118,143 @@ def masked_tv_filtered_surrogate(
     filtered = tv_filtered_surrogate(ratio[valid], advantages[valid], tv_threshold, flat_weights)
     mask[valid] = filtered.mask
     return FilteredSurrogate(filtered.loss, mask, filtered.tv_estimate, filtered.filter_active)
+
+
+def vaco_token_loss(
+    logps: th.Tensor,
+    behavior_logps: th.Tensor,
+    advantages: th.Tensor,
+    token_mask: th.Tensor,
+    tv_threshold: float,
+    sequence_ratio: bool = False,
+) -> FilteredLoss:
+    """
+    The ``"token"`` form, the paper's rule: the TV filter on the ratio to the behavior policy::
+
+        q_t = π_θ(y_t|·) / μ(y_t|·)
+        D̂   = ½ · mean_t |q_t − 1|                             (no gradient, over the micro-batch's valid tokens)
+        m_t = 0  if  D̂ > δ  and  Â · (q_t − 1) > 0  else 1
+        L   = − mean_t( m_t · q_t · Â )
+
+    No clipping, no importance weight: ``q`` carries the whole lag. With ``sequence_ratio=True``,
+    ``q = exp(mean_t log q_t)`` per completion (as in GSPO), and the estimate and mask run over completions.
+
+    :param logps: ``log π_θ``, shape ``(B, T)`` (with gradient)
+    :param behavior_logps: ``log μ``, shape ``(B, T)``
+    :param advantages: ``Â``, shape ``(B,)`` or ``(B, 1)``
+    :param token_mask: 1 for the completion tokens that count, shape ``(B, T)``
+    :param tv_threshold: the budget ``δ``
+    :param sequence_ratio: one ratio per completion instead of one per token
+    """
+    log_q = logps - behavior_logps.detach()
+    if sequence_ratio:
+        log_q = sequence_mean(log_q, token_mask)
+    filtered = masked_tv_filtered_surrogate(safe_ratio(log_q), advantages, tv_threshold, token_mask)
+    return FilteredLoss(filtered.loss, filtered.mask, filtered.tv_estimate, float(filtered.filter_active))
+
+
+def vaco_decoupled_loss(
+    logps: th.Tensor,
+    proximal_logps: th.Tensor,
+    behavior_logps: th.Tensor,
+    advantages: th.Tensor,
+    token_mask: th.Tensor,
+    tv_threshold: float,
+    rho_bar: float = 1.0,
+    sequence_ratio: bool = False,
+) -> FilteredLoss:
+    """
+    The ``"decoupled"`` form: the TV filter around the proximal policy ``π_T`` (the learner when the batch entered
+    training), each token weighted by the truncated importance weight from ``π_T`` to the behavior policy ``μ``
+    (decoupled PPO, Hilton et al. 2022 and AReaL, with VACO's filter in place of the clip)::
+
+        q_t = π_θ / π_T                          w_t = min( exp(clamp(log π_T − log μ, ±10)), ρ̄ )
+        D̂   = ½ · mean_t( w_t · |q_t − 1| )      (no gradient)
+        m_t = 0  if  D̂ > δ  and  Â · (q_t − 1) > 0  else 1
+        L   = − mean_t( m_t · w_t · q_t · Â )
+
+    The budget bounds only the drift since the batch entered training (the forward lag); the backward lag
+    ``π_T/μ`` is corrected by ``w``, not filtered. ``ρ̄ = inf``: untruncated weights. With
+    ``sequence_ratio=True`` both ratios are per completion (``exp`` of the mean token log-ratio).
+
+    :param logps: ``log π_θ``, shape ``(B, T)`` (with gradient)
+    :param proximal_logps: ``log π_T``, shape ``(B, T)``
+    :param behavior_logps: ``log μ``, shape ``(B, T)``
+    :param advantages: ``Â``, shape ``(B,)`` or ``(B, 1)``
+    :param token_mask: 1 for the completion tokens that count, shape ``(B, T)``
+    :param tv_threshold: the budget ``δ``
+    :param rho_bar: the truncation ``ρ̄`` of the weights (1, as SB3's ``VACO`` decoupled filter)
+    :param sequence_ratio: one ratio and one weight per completion instead of one per token
+    """
+    log_q = logps - proximal_logps.detach()
+    log_rho = proximal_logps.detach() - behavior_logps.detach()
+    if sequence_ratio:
+        log_q, log_rho = sequence_mean(log_q, token_mask), sequence_mean(log_rho, token_mask)
+    weights = importance_weights(log_rho, rho_bar)
+    filtered = masked_tv_filtered_surrogate(safe_ratio(log_q), advantages, tv_threshold, token_mask, weights)
+    weights = weights.expand_as(filtered.mask) * filtered.mask
+    return FilteredLoss(filtered.loss, filtered.mask, filtered.tv_estimate, float(filtered.filter_active), weights)
+
+
+def vaco_sequence_loss(
+    logps: th.Tensor,
+    proximal_logps: th.Tensor,
+    behavior_logps: th.Tensor,
+    advantages: th.Tensor,
+    token_mask: th.Tensor,
+    tv_threshold: float,
+    rho_bar: float = 2.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+) -> FilteredLoss:
+    """
+    The ``"sequence"`` form, the co-authors' LLM port of VACO ("TVPO"): PPO's clipped surrogate on the ratio to the
+    proximal policy ``π_T``, each token weighted by the truncated importance weight ``ρ = π_T/μ``, and the tokens
+    of a completion whose ``ρ`` is already far from 1 dropped when their update would move ``ρ`` further::
+
+        ρ_t = exp( clamp(log π_T − log μ, ±10) )                 (no gradient)
+        D_i = ½ · mean_{t ∈ i} |ρ_t − 1|                          (the completion's TV estimate)
+        m_t = 0  if  D_i > δ  and  sign(log ρ_t) · Â_i > 0  else 1
+        w_t = m_t · min(ρ_t, ρ̄)                                   (truncated importance sampling)
+        r_t = π_θ / π_T
+        L   = − mean_t( w_t · min( r_t · Â_i, clip(r_t, 1 − ε_low, 1 + ε_high) · Â_i ) )
+
+    The filter tests the lag already present when the batch enters training (``π_T`` vs ``μ``), once per
+    completion; the clip bounds the drift during training. The TV estimate carries the ½ of the total variation,
+    so ``δ`` has the same meaning in every form (open-instruct compares ``mean|ρ − 1|`` with its bound ``b``:
+    ``b = 2δ``). A completion whose tokens are all dropped contributes exactly zero gradient.
+
+    :param logps: ``log π_θ``, shape ``(B, T)`` (with gradient)
+    :param proximal_logps: ``log π_T``, shape ``(B, T)``
+    :param behavior_logps: ``log μ``, shape ``(B, T)``
+    :param advantages: ``Â``, shape ``(B,)`` or ``(B, 1)`` (one per completion)
+    :param token_mask: 1 for the completion tokens that count, shape ``(B, T)``
+    :param tv_threshold: the budget ``δ`` per completion
+    :param rho_bar: the truncation ``ρ̄`` of the weights (open-instruct: 2)
+    :param epsilon_low: PPO's lower clip range
+    :param epsilon_high: PPO's upper clip range
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    valid = token_mask.bool()
+    n_valid = token_mask.sum().clamp(min=1.0)
+    with th.no_grad():
+        log_rho = th.where(valid, th.clamp(proximal_logps - behavior_logps, -MAX_LOG_RHO, MAX_LOG_RHO), 0.0)
+        rho = th.exp(log_rho)
+        sequence_tv = 0.5 * sequence_mean(th.abs(rho - 1.0), token_mask)  # (B, 1)
+        over_budget = sequence_tv > tv_threshold
+        increases_tv = th.sign(log_rho) * advantages > 0
+        mask = (valid & ~(over_budget & increases_tv)).float()
+        weights = mask * importance_weights(log_rho, rho_bar)
+        completions = token_mask.sum(dim=1) > 0
+        n_completions = completions.sum().clamp(min=1)
+        tv_estimate = sequence_tv.squeeze(1)[completions].sum() / n_completions
+        filter_active = float((over_budget.squeeze(1) & completions).sum() / n_completions)
+    ratio = safe_ratio(th.where(valid, logps - proximal_logps.detach(), 0.0))  # padding: ratio 1, weight 0
+    clipped_ratio = th.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    surrogate = th.min(ratio * advantages, clipped_ratio * advantages)
+    loss = -(weights * surrogate).sum() / n_valid
+    with th.no_grad():
+        clipped = ((ratio < 1.0 - epsilon_low) & (advantages < 0)) | ((ratio > 1.0 + epsilon_high) & (advantages > 0))
+        clip_fraction = float((clipped & valid).sum() / n_valid)
+    return FilteredLoss(loss, mask, tv_estimate, filter_active, weights, clip_fraction)
