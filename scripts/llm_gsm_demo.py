@@ -148,6 +148,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # warm-up
     parser.add_argument("--warmup-steps", type=int, default=400, help="supervised warm-up steps (0: none)")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--warmup-answer-noise",
+        type=float,
+        default=0.0,
+        help="share of warm-up demonstrations showing a near miss (±1, ±2) instead of the gold answer",
+    )
     # RL
     parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps of RL")
     parser.add_argument("--learning-rate", type=float, default=2e-4)
@@ -251,7 +257,15 @@ def load_model_and_data(
     if not train or not held_out:
         raise ValueError("no training or no held-out problems (answers must end with '#### <number>')")
     if args.warmup_steps > 0:
-        supervised_warmup(model, tokenizer, train, args.warmup_steps, learning_rate=args.warmup_lr, seed=seed)
+        supervised_warmup(
+            model,
+            tokenizer,
+            train,
+            args.warmup_steps,
+            learning_rate=args.warmup_lr,
+            seed=seed,
+            answer_noise=args.warmup_answer_noise,
+        )
     return model, tokenizer, train, held_out
 
 

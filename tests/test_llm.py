@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before huggingface_hub is imported: no network, no telemetry
@@ -36,6 +37,8 @@ from sb3_vaco.llm.math_task import (
     extract_answer,
     load_gsm8k,
     make_word_problems,
+    noisy_answer,
+    supervised_warmup,
 )
 
 # Two completions of 3 and 2 tokens (the last position of the second one is padding).
@@ -225,6 +228,27 @@ def test_extract_answer():
     assert extract_answer("The answer is 12.0") == "12"
     assert extract_answer("no number") is None
     assert exact_answer_reward(["1 2", "3"], answer=["12", "4"]) == [1.0, 0.0]
+
+
+def test_noisy_answer_is_a_near_miss():
+    rng = random.Random(0)
+    for answer in ("0", "1", "7", "42"):
+        misses = {int(noisy_answer(answer, rng)) for _ in range(200)}
+        expected = {int(answer) + offset for offset in (-2, -1, 1, 2)}
+        assert misses == {m for m in expected if m >= 0}
+
+
+def test_supervised_warmup_answer_noise():
+    tokenizer = build_tokenizer()
+    problems = make_word_problems(32, seed=0, max_number=5)
+    with pytest.raises(ValueError, match="answer_noise"):
+        supervised_warmup(build_tiny_model(tokenizer, hidden_size=16, num_layers=1), tokenizer, problems, 1, answer_noise=1.0)
+    # No noise is the plain warm-up, draw for draw; noise changes the targets, hence the losses.
+    losses = [
+        supervised_warmup(build_tiny_model(tokenizer, hidden_size=16, num_layers=1), tokenizer, problems, 3, 8, answer_noise=p)
+        for p in (0.0, 0.0, 0.9)
+    ]
+    assert losses[0] == losses[1] and losses[2] != losses[0]
 
 
 def _trainer(tmp_path, max_steps=4, **config_kwargs):

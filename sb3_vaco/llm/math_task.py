@@ -179,6 +179,13 @@ def _encode_sft(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> tuple[l
     return [*prompt_ids, *answer_ids, tokenizer.eos_token_id], len(prompt_ids)
 
 
+def noisy_answer(answer: str, rng: random.Random) -> str:
+    """A near miss of an integer ``answer``: off by 1 or 2 either way, never negative."""
+    value = int(answer)
+    misses = [value + offset for offset in (-2, -1, 1, 2) if value + offset >= 0]
+    return str(rng.choice(misses))
+
+
 def supervised_warmup(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -187,12 +194,22 @@ def supervised_warmup(
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     seed: int = 0,
+    answer_noise: float = 0.0,
 ) -> list[float]:
     """
     A short supervised warm-up (cross-entropy on the answer and EOS tokens only, AdamW, linear decay), so
     that the RL phase starts with non-zero rewards. Returns the loss per step.
+
+    :param answer_noise: probability that a demonstration shows a near miss (:func:`noisy_answer`) instead of the
+        gold answer, drawn anew each time it is sampled: the model learns the arithmetic but not to be sure of it,
+        as a pretrained model that has seen wrong worked answers (integer answers only)
     """
+    if not 0.0 <= answer_noise < 1.0:
+        raise ValueError(f"answer_noise must be in [0, 1), got {answer_noise}")
     rng = random.Random(seed)
+    if answer_noise > 0:
+        noisy = [{**p, "answer": noisy_answer(p["answer"], rng)} for p in problems]
+        encoded_noisy = [_encode_sft(tokenizer, problem) for problem in noisy]
     encoded = [_encode_sft(tokenizer, problem) for problem in problems]
     device = next(model.parameters()).device
     optimizer = th.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
@@ -200,7 +217,8 @@ def supervised_warmup(
     model.train()
     losses = []
     for _ in range(steps):
-        batch = rng.sample(encoded, min(batch_size, len(encoded)))
+        indices = rng.sample(range(len(encoded)), min(batch_size, len(encoded)))
+        batch = [encoded_noisy[i] if answer_noise > 0 and rng.random() < answer_noise else encoded[i] for i in indices]
         width = max(len(ids) for ids, _ in batch)
         input_ids = th.full((len(batch), width), tokenizer.pad_token_id, dtype=th.long)
         attention_mask = th.zeros_like(input_ids)
