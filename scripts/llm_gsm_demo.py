@@ -132,8 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(METHODS),
         help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_token",
     )
-    parser.add_argument("--lags", "--lag", nargs="+", type=int, default=[0, 16], help="policy lags K in optimizer steps")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--lags", "--lag", nargs="+", type=int, default=[0, 32], help="policy lags K in optimizer steps")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     # model and data
     parser.add_argument(
         "--model", type=Path, default=None, help="local model folder (save_pretrained; default: tiny model from a config)"
@@ -146,18 +146,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=2)
     # warm-up
-    parser.add_argument("--warmup-steps", type=int, default=400, help="supervised warm-up steps (0: none)")
+    parser.add_argument("--warmup-steps", type=int, default=600, help="supervised warm-up steps (0: none)")
     parser.add_argument("--warmup-lr", type=float, default=3e-3)
     parser.add_argument(
         "--warmup-answer-noise",
         type=float,
-        default=0.0,
+        default=0.5,
         help="share of warm-up demonstrations showing a near miss (±1, ±2) instead of the gold answer",
     )
     # RL
-    parser.add_argument("--max-steps", type=int, default=300, help="optimizer steps of RL")
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--batch-size", type=int, default=64, help="per-device train batch (completions)")
+    parser.add_argument("--max-steps", type=int, default=400, help="optimizer steps of RL")
+    parser.add_argument("--learning-rate", type=float, default=4e-4)
+    parser.add_argument("--batch-size", type=int, default=128, help="per-device train batch (completions)")
     parser.add_argument("--steps-per-generation", type=int, default=4)
     parser.add_argument("--num-iterations", type=int, default=1)
     parser.add_argument("--num-generations", type=int, default=8)
@@ -182,7 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=2, help="completions per problem for sampled pass@1 (0: off)")
     parser.add_argument(
         "--accuracy",
-        default="greedy",
+        default="sampled",
         choices=["greedy", "sampled"],
         help="which accuracy summary.csv's start_accuracy / final_accuracy are",
     )

@@ -236,6 +236,8 @@ def test_noisy_answer_is_a_near_miss():
         misses = {int(noisy_answer(answer, rng)) for _ in range(200)}
         expected = {int(answer) + offset for offset in (-2, -1, 1, 2)}
         assert misses == {m for m in expected if m >= 0}
+    assert {noisy_answer("-1", rng) for _ in range(200)} == {"-3", "-2", "0", "1"}
+    assert {noisy_answer("2.5", rng) for _ in range(200)} == {"0.5", "1.5", "3.5", "4.5"}
 
 
 def test_supervised_warmup_answer_noise():
@@ -432,8 +434,9 @@ def test_demo_real_model_path(tmp_path):
     assert reader.fieldnames is not None and tuple(reader.fieldnames[:5]) == columns
     assert [(row["method"], row["lag"], row["seed"]) for row in rows] == [(m, lag, "0") for lag in ("0", "2") for m in methods]
     for row in rows:
-        assert row["accuracy_kind"] == "greedy" and row["steps"] == "2"
-        assert row["start_accuracy"] == row["start_accuracy_greedy"] and row["final_accuracy"] == row["final_accuracy_greedy"]
+        assert row["accuracy_kind"] == "sampled" and row["steps"] == "2"
+        assert row["start_accuracy"] == row["start_accuracy_sampled"]
+        assert row["final_accuracy"] == row["final_accuracy_sampled"]
         for key in ("start_accuracy", "final_accuracy", "start_accuracy_sampled", "final_accuracy_sampled"):
             assert 0.0 <= float(row[key]) <= 1.0
         assert (row["vaco_form"], row["loss_type"]) == (

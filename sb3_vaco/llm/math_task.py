@@ -180,10 +180,10 @@ def _encode_sft(tokenizer: PreTrainedTokenizerBase, problem: Problem) -> tuple[l
 
 
 def noisy_answer(answer: str, rng: random.Random) -> str:
-    """A near miss of an integer ``answer``: off by 1 or 2 either way, never negative."""
-    value = int(answer)
-    misses = [value + offset for offset in (-2, -1, 1, 2) if value + offset >= 0]
-    return str(rng.choice(misses))
+    """A near miss of a numeric ``answer``: off by 1 or 2 either way, negative only if ``answer`` is."""
+    value = float(answer)
+    misses = [value + offset for offset in (-2, -1, 1, 2) if value + offset >= 0 or value < 0]
+    return _normalize(str(rng.choice(misses)))
 
 
 def supervised_warmup(
@@ -202,7 +202,7 @@ def supervised_warmup(
 
     :param answer_noise: probability that a demonstration shows a near miss (:func:`noisy_answer`) instead of the
         gold answer, drawn anew each time it is sampled: the model learns the arithmetic but not to be sure of it,
-        as a pretrained model that has seen wrong worked answers (integer answers only)
+        as a pretrained model that has seen wrong worked answers
     """
     if not 0.0 <= answer_noise < 1.0:
         raise ValueError(f"answer_noise must be in [0, 1), got {answer_noise}")
