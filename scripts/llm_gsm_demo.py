@@ -182,13 +182,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=2, help="completions per problem for sampled pass@1 (0: off)")
     parser.add_argument(
         "--accuracy",
-        default="sampled",
+        default=None,
         choices=["greedy", "sampled"],
-        help="which accuracy summary.csv's start_accuracy / final_accuracy are",
+        help="the accuracy in summary.csv's start_accuracy, final_accuracy (default: sampled; greedy if --eval-samples 0)",
     )
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off for the tiny model")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.accuracy is None:
+        args.accuracy = "sampled" if args.eval_samples > 0 else "greedy"
+    return args
 
 
 class AccuracyCallback(TrainerCallback):

@@ -407,6 +407,7 @@ def test_demo_method_names():
     assert demo.parse_method("vaco_sequence", args).tv_threshold == args.tv_threshold
     with pytest.raises(ValueError, match="unknown method"):
         demo.parse_method("vaco_nope", args)
+    assert args.accuracy == "sampled" and demo.parse_args(["--eval-samples", "0"]).accuracy == "greedy"
 
 
 def test_demo_real_model_path(tmp_path):
