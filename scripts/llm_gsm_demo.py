@@ -188,6 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default; off for the tiny model")
+    parser.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="train nothing: rewrite summary.md and accuracy.png from the CSV files in --out (e.g. seeds run apart, "
+        "their CSV files concatenated)",
+    )
     args = parser.parse_args(argv)
     if args.accuracy is None:
         args.accuracy = "sampled" if args.eval_samples > 0 else "greedy"
@@ -380,6 +386,49 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int = 0) -> str:
+    """
+    A markdown table of what RL gains in ``kind`` accuracy (``"greedy"`` or ``"sampled"``): per method and lag the mean gain
+    ``final − start`` over seeds, the share of its own lag-0 gain it keeps, and (at lag 0) its gain over GRPO's, each
+    ratio of means with a 95 % percentile bootstrap CI over seeds (paired: a seed's runs share its warm-up).
+    """
+    table: dict[tuple[str, int], dict[int, float]] = {}
+    for row in summary:
+        start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
+        if start != "" and final != "":
+            table.setdefault((row["method"], row["lag"]), {})[row["seed"]] = final - start
+    if not table:
+        return ""
+    rng = np.random.default_rng(seed)
+
+    def ratio(numerator: dict[int, float], denominator: dict[int, float]) -> str:
+        seeds = sorted(set(numerator) & set(denominator))
+        x, y = (np.array([values[s] for s in seeds]) for values in (numerator, denominator))
+        if not seeds or y.mean() == 0:
+            return "–"
+        if len(seeds) == 1:
+            return f"{x.mean() / y.mean():.2f}"
+        samples = rng.integers(len(seeds), size=(reps, len(seeds)))
+        boot = x[samples].mean(axis=1) / y[samples].mean(axis=1)
+        low, high = np.percentile(boot, [2.5, 97.5])
+        return f"{x.mean() / y.mean():.2f} [{low:.2f}, {high:.2f}]"
+
+    lines = [
+        f"Gain = final − start {kind} accuracy; ratios of mean gains, 95 % bootstrap CI over seeds (paired).",
+        "",
+        "| method | lag K | gain, mean ± sd | seeds | kept of own lag-0 gain | lag-0 gain / GRPO's |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (method, lag), values in sorted(table.items()):
+        own = table.get((method, 0), {})
+        grpo = table.get(("grpo", 0), {})
+        kept = ratio(values, own) if lag != 0 else "–"
+        versus = ratio(values, grpo) if lag == 0 and method != "grpo" else "–"
+        gain = np.array(list(values.values()))
+        lines.append(f"| {method} | {lag} | {gain.mean():+.3f} ± {gain.std():.3f} | {len(gain)} | {kept} | {versus} |")
+    return "\n".join(lines) + "\n"
+
+
 def summary_row(
     args: argparse.Namespace,
     method: Method,
@@ -462,8 +511,63 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace, methods: list[Met
     fig.savefig(path, dpi=120)
 
 
+def _number(value: str) -> float | None:
+    return float(value) if value != "" else None
+
+
+def read_results(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The accuracy curves, TRL logs and summary rows of a finished run, read back from ``out``'s CSV files."""
+    tables = []
+    for name in ("runs.csv", "train_log.csv", "summary.csv"):
+        with open(out / name, newline="") as f:
+            rows = []
+            for row in csv.DictReader(f):
+                parsed: dict[str, Any] = {}
+                for key, value in row.items():
+                    if key in ("lag", "seed", "step"):
+                        parsed[key] = int(value)
+                    elif key in ("method", "accuracy_kind", "loss_type", "vaco_form"):
+                        parsed[key] = value
+                    else:
+                        parsed[key] = value if name == "summary.csv" and value == "" else _number(value)
+                rows.append(parsed)
+            tables.append(rows)
+    return tables[0], tables[1], tables[2]
+
+
+def write_summary(
+    args: argparse.Namespace,
+    methods: list[Method],
+    rows: list[dict[str, Any]],
+    logs: list[dict[str, Any]],
+    summary: list[dict[str, Any]],
+) -> None:
+    """``summary.md`` (the gain tables, headline accuracy first, then per run) and ``accuracy.png``."""
+    kinds = [args.accuracy, *({"greedy", "sampled"} - {args.accuracy})]
+    tables = [gains(summary, kind) for kind in kinds]
+    (args.out / "summary.md").write_text("\n".join(table for table in tables if table) + "\n" + summarize(rows, logs))
+    plot(rows, args, methods, args.out / "accuracy.png")
+
+
+def summarize_saved(args: argparse.Namespace) -> None:
+    """``--summarize-only``: ``summary.md`` and ``accuracy.png`` rewritten from the CSV files in ``--out``."""
+    config = args.out / "config.json"
+    if config.is_file():  # the settings the runs had (plot labels, headline accuracy)
+        saved = json.loads(config.read_text())["args"]
+        for key in ("epsilon", "tv_threshold", "eval_temperature", "accuracy"):
+            setattr(args, key, saved.get(key, getattr(args, key)))
+    rows, logs, summary = read_results(args.out)
+    args.lags = sorted({row["lag"] for row in rows})
+    methods = [parse_method(name, args) for name in dict.fromkeys(row["method"] for row in summary)]
+    write_summary(args, methods, rows, logs, summary)
+    print((args.out / "summary.md").read_text())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.summarize_only:
+        summarize_saved(args)
+        return
     methods = [parse_method(method, args) for method in args.methods]  # fail before any run on an unknown method
     args.methods = [method.name for method in methods]
     if args.accuracy == "sampled" and args.eval_samples <= 0:
@@ -514,8 +618,7 @@ def main(argv: list[str] | None = None) -> None:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows(summary)
-    (args.out / "summary.md").write_text(summarize(rows, logs))
-    plot(rows, args, methods, args.out / "accuracy.png")
+    write_summary(args, methods, rows, logs, summary)
     import transformers
     import trl
 

@@ -446,4 +446,10 @@ def test_demo_real_model_path(tmp_path):
     assert {row["tv_threshold"] for row in rows if row["method"].startswith("vaco_sequence")} == {"0.1"}
     for name in ("runs.csv", "train_log.csv", "summary.md", "accuracy.png", "config.json"):
         assert (out / name).is_file()
+    # The summary rebuilt from the CSV files is the one written after training
+    written = (out / "summary.md").read_text()
+    assert "Gain = final − start sampled accuracy" in written
+    (out / "summary.md").unlink()
+    _demo().main(["--summarize-only", "--out", str(out)])
+    assert (out / "summary.md").read_text() == written
     assert json.loads((out / "config.json").read_text())["args"]["model"] == str(tmp_path / "model")
