@@ -51,7 +51,10 @@ from sb3_vaco.llm.math_task import (
     supervised_warmup,
 )
 
-#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``); ``vaco`` is ``vaco_token``
+#: The trainer's default VACO form, which ``--methods vaco`` runs
+DEFAULT_FORM: str = VACOGRPOConfig.vaco_form
+
+#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``); ``vaco`` is ``vaco_<DEFAULT_FORM>``
 METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS))
 
 
@@ -68,12 +71,12 @@ class Method(NamedTuple):
 def parse_method(method: str, args: argparse.Namespace) -> Method:
     """
     ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε), ``"vaco_<form>"`` (the VACO form at
-    ``--tv-threshold``; ``"vaco"`` is ``"vaco_token"``) or ``"vaco_<form>@δ"`` (at δ).
+    ``--tv-threshold``; ``"vaco"`` is the trainer's default form) or ``"vaco_<form>@δ"`` (at δ).
     """
     if method == "grpo":
         return Method("grpo", "dapo", "", math.nan, f"GRPO (TRL default loss, clip ε={args.epsilon})")
     name, at, threshold = method.partition("@")
-    name = "vaco_token" if name == "vaco" else name
+    name = f"vaco_{DEFAULT_FORM}" if name == "vaco" else name
     if name not in METHODS[1:]:
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO")
     tv_threshold = float(threshold) if at else args.tv_threshold
@@ -130,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS),
-        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_token",
+        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_{DEFAULT_FORM}",
     )
     parser.add_argument("--lags", "--lag", nargs="+", type=int, default=[0, 32], help="policy lags K in optimizer steps")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
@@ -293,7 +296,7 @@ def run_one(
     config = VACOGRPOConfig(
         output_dir=output_dir.name,
         loss_type=method.loss_type,
-        vaco_form=method.form or "token",
+        vaco_form=method.form or "token",  # unused by GRPO (TRL's loss)
         policy_lag=lag,
         tv_threshold=args.tv_threshold if math.isnan(method.tv_threshold) else method.tv_threshold,
         rho_bar=args.rho_bar,

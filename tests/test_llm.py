@@ -403,7 +403,8 @@ def test_demo_method_names():
     args = demo.parse_args([])
     assert [demo.parse_method(m, args).name for m in args.methods] == list(demo.METHODS)
     method = demo.parse_method("vaco@0.05", args)
-    assert (method.name, method.loss_type, method.form, method.tv_threshold) == ("vaco_token@0.05", "vaco", "token", 0.05)
+    expected = ("vaco_sequence@0.05", "vaco", "sequence", 0.05)  # vaco: the trainer's default form
+    assert (method.name, method.loss_type, method.form, method.tv_threshold) == expected
     assert demo.parse_method("vaco_sequence", args).tv_threshold == args.tv_threshold
     with pytest.raises(ValueError, match="unknown method"):
         demo.parse_method("vaco_nope", args)

@@ -37,10 +37,12 @@ class VACOGRPOConfig(GRPOConfig):
     loss types (``"dapo"``, ``"grpo"``, ...) runs unchanged on the same (possibly lagged) generations.
 
     :param vaco_form: which of VACO's forms (``μ``: the generating policy, ``π_T``: the learner when the batch
-        entered training; formulas in :mod:`sb3_vaco.llm.losses`): ``"token"`` (the paper's rule: TV filter on
-        ``π_θ/μ``, one sample per token, no clip), ``"sequence"`` (open-instruct's TVPO: PPO's clip on ``π_θ/π_T``,
-        ``epsilon`` / ``epsilon_high``, weighted by ``min(π_T/μ, ρ̄)``, tokens that would increase a completion's
-        TV over ``δ`` dropped) or ``"decoupled"`` (TV filter on ``π_θ/π_T``, weighted by ``min(π_T/μ, ρ̄)``).
+        entered training; formulas in :mod:`sb3_vaco.llm.losses`): ``"sequence"`` (the default; open-instruct's
+        TVPO: PPO's clip on ``π_θ/π_T``, ``epsilon`` / ``epsilon_high``, weighted by ``min(π_T/μ, ρ̄)``, tokens that
+        would increase a completion's TV over ``δ`` dropped), ``"token"`` (the paper's rule: TV filter on
+        ``π_θ/μ``, one sample per token, no clip) or ``"decoupled"`` (TV filter on ``π_θ/π_T``, weighted by
+        ``min(π_T/μ, ρ̄)``). The default is the form that kept GRPO's gain under lag in the demo's calibration
+        (``docs/llm.md``); the unclipped forms were unstable there.
         ``importance_sampling_level="sequence"`` makes the ratio, the TV estimate and the mask of the ``"token"``
         and ``"decoupled"`` forms per completion (``exp`` of the mean token log-ratio, as in GSPO).
     :param tv_threshold: the TV budget ``δ``: per micro-batch (``"token"``, ``"decoupled"``) or per completion
@@ -60,7 +62,7 @@ class VACOGRPOConfig(GRPOConfig):
         metadata={"help": "'vaco' (VACO's filter, form chosen by vaco_form) or any of GRPOConfig's loss types."},
     )
     vaco_form: str = field(
-        default="token", metadata={"help": "VACO's form for loss_type='vaco': 'token', 'sequence' or 'decoupled'."}
+        default="sequence", metadata={"help": "VACO's form for loss_type='vaco': 'sequence', 'token' or 'decoupled'."}
     )
     tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ (per micro-batch, or per completion)."})
     rho_bar: float | None = field(
@@ -88,7 +90,10 @@ class VACOGRPOConfig(GRPOConfig):
         if self.rho_bar is None:
             self.rho_bar = DEFAULT_RHO_BAR[self.vaco_form]
         if self.vaco_form == "sequence" and self.importance_sampling_level != "token":
-            raise ValueError("vaco_form='sequence' takes token ratios: use importance_sampling_level='token'")
+            raise ValueError(
+                "vaco_form='sequence' (the default) takes token ratios: use importance_sampling_level='token', or "
+                "vaco_form='token' / 'decoupled' for ratios per completion"
+            )
         if self.tv_threshold < 0:
             raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
         if not self.rho_bar > 0:
@@ -121,11 +126,11 @@ class VACOGRPOTrainer(GRPOTrainer):
     ``loss_type="vaco"``, the loss of each micro-batch is one of VACO's forms (``vaco_form``), with ``μ`` the
     policy that generated the completion and ``π_T`` the learner when the batch entered training:
 
-    * ``"token"`` (default), the paper's rule: TV filter on ``q_t = π_θ/μ``, no clip,
-      :func:`~sb3_vaco.llm.losses.vaco_token_loss`;
-    * ``"sequence"``, open-instruct's TVPO: clip on ``π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``, tokens dropped where the
-      completion's TV ``½·mean_t|π_T/μ − 1|`` exceeds ``δ`` and the update would increase it,
+    * ``"sequence"`` (default), open-instruct's TVPO: clip on ``π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``, tokens dropped
+      where the completion's TV ``½·mean_t|π_T/μ − 1|`` exceeds ``δ`` and the update would increase it,
       :func:`~sb3_vaco.llm.losses.vaco_sequence_loss`;
+    * ``"token"``, the paper's rule: TV filter on ``q_t = π_θ/μ``, no clip,
+      :func:`~sb3_vaco.llm.losses.vaco_token_loss`;
     * ``"decoupled"``: TV filter on ``q_t = π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``,
       :func:`~sb3_vaco.llm.losses.vaco_decoupled_loss`.
 
