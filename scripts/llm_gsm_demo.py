@@ -2,13 +2,14 @@
 GRPO vs GRPO+VACO for math reasoning under policy lag (the LLM experiment of arXiv 2603.01365, in miniature).
 
 Default (runs on CPU, no downloads): a tiny Llama-architecture model built from a config, generated
-grade-school-style word problems with an exact-answer reward, a short supervised warm-up per seed, then
-GRPO (TRL's clipped loss) and GRPO+VACO in each of its forms (token, sequence, decoupled; δ = --tv-threshold) at
-lags 0 and 16, 3 seeds, with the held-out accuracy (greedy and sampled pass@1) during training. Writes
-``summary.csv`` (one row per run: start and final accuracy), ``runs.csv`` (accuracy curves), ``train_log.csv``
-(TRL's metrics), ``summary.md``, ``accuracy.png`` and ``config.json`` to ``--out``.
+grade-school-style word problems with an exact-answer reward, a supervised warm-up per seed on demonstrations of
+which half show a near miss, then GRPO (TRL's clipped loss) and GRPO+VACO in each of its forms (token, sequence,
+decoupled; δ = --tv-threshold) at lags 0 and 32, 5 seeds, 400 steps, with the held-out accuracy (greedy and sampled
+pass@1) during training. Writes ``summary.csv`` (one row per run: start and final accuracy), ``runs.csv`` (accuracy
+curves), ``train_log.csv`` (TRL's metrics), ``summary.md`` (the gains, with CIs), ``accuracy.png`` and
+``config.json`` to ``--out`` (about 70 min on one thread; docs/llm.md has the results):
 
-    python scripts/llm_gsm_demo.py --out results/llm_demo
+    OMP_NUM_THREADS=1 python scripts/llm_gsm_demo.py --out results/llm
 
 With a local model folder and GSM8K-format files (GPU; see docs/llm.md):
 
