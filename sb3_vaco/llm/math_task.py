@@ -200,9 +200,9 @@ def supervised_warmup(
     A short supervised warm-up (cross-entropy on the answer and EOS tokens only, AdamW, linear decay), so
     that the RL phase starts with non-zero rewards. Returns the loss per step.
 
-    :param answer_noise: probability that a demonstration shows a near miss (:func:`noisy_answer`) instead of the
-        gold answer, drawn anew each time it is sampled: the model learns the arithmetic but not to be sure of it,
-        as a pretrained model that has seen wrong worked answers
+    :param answer_noise: probability that a demonstration shows its problem's near miss (:func:`noisy_answer`, one
+        per problem) instead of the gold answer, drawn each time it is sampled: the model learns the arithmetic but
+        not to be sure of it, as a pretrained model that has seen wrong worked answers
     """
     if not 0.0 <= answer_noise < 1.0:
         raise ValueError(f"answer_noise must be in [0, 1), got {answer_noise}")
