@@ -388,6 +388,17 @@ def test_analysis_pools_grids_and_filters_envs(grid_dir: Path, tmp_path: Path) -
         analysis.load_runs([grid_dir, first])
 
 
+def test_run_diagnostics_summarize_progress(grid_dir: Path) -> None:
+    # Mean lag over the iterations, the largest lag of the run, and a running count's last value
+    runs, _ = analysis.load_runs([grid_dir])
+    for run in runs.itertuples(index=False):
+        progress = pd.read_csv(Path(run.path) / "progress.csv")
+        row = runs.set_index("path").loc[run.path]
+        assert row["measured lag"] == pytest.approx(progress["rollout/policy_lag_mean"].mean())
+        assert row["max lag"] == progress["rollout/policy_lag_max"].max() <= 2
+        assert np.isnan(row["segments dropped"])  # no actors: no such column
+
+
 def test_stratified_bootstrap() -> None:
     rng = np.random.default_rng(0)
     single = analysis.stratified_bootstrap(np.mean, [np.array([[1.0, 2.0]])], reps=100, rng=rng)

@@ -34,15 +34,18 @@ AGGREGATE_METRICS: dict[str, Callable[[np.ndarray], float]] = {
     "median": metrics.aggregate_median,
     "optimality gap": metrics.aggregate_optimality_gap,
 }
-# Per-iteration statistics summarized per run (mean over the run's iterations), as named in progress.csv.
+# Per-iteration statistics summarized per run, as named in progress.csv, with how: the mean over the run's
+# iterations, the maximum, or the last value (a running count).
 DIAGNOSTICS = {
-    "measured lag": "rollout/policy_lag_mean",
-    "lag in grad steps": "rollout/policy_lag_grad_steps_mean",
-    "TV(π_T, μ)": "train/tv_behavior",
-    "TV est.": "train/tv_estimate",
-    "filtered": "train/filtered_fraction",
-    "approx KL": "train/approx_kl",
-    "clip frac.": "train/clip_fraction",
+    "measured lag": ("rollout/policy_lag_mean", "mean"),
+    "max lag": ("rollout/policy_lag_max", "max"),
+    "lag in grad steps": ("rollout/policy_lag_grad_steps_mean", "mean"),
+    "segments dropped": ("rollout/actor_segments_dropped", "last"),
+    "TV(π_T, μ)": ("train/tv_behavior", "mean"),
+    "TV est.": ("train/tv_estimate", "mean"),
+    "filtered": ("train/filtered_fraction", "mean"),
+    "approx KL": ("train/approx_kl", "mean"),
+    "clip frac.": ("train/clip_fraction", "mean"),
 }
 CI_LEVEL = 0.95
 
@@ -102,8 +105,9 @@ def load_runs(
         row.update({f"version {name}": version for name, version in record["versions"].items()})
         progress_path = path.parent / PROGRESS_FILE
         progress = pd.read_csv(progress_path) if progress_path.exists() else pd.DataFrame()
-        for name, column in DIAGNOSTICS.items():
-            row[name] = float(progress[column].mean()) if column in progress else np.nan
+        for name, (column, reduction) in DIAGNOSTICS.items():
+            values = progress[column].dropna() if column in progress else pd.Series(dtype=float)
+            row[name] = float(values.iloc[-1] if reduction == "last" else values.agg(reduction)) if len(values) else np.nan
         key = (row["env"], row["algorithm"], row["lag"], row["seed"])
         if key in curves:
             raise SystemExit(f"Run {'/'.join(map(str, key))} appears twice: {path.parent} and another folder")
@@ -597,7 +601,9 @@ def write_report(
         "",
         "Diagnostics are means over each run's iterations, then over seeds: measured lag (in updates and in gradient "
         "steps), `TV(π_T, μ)` at train start, VACO's minibatch TV estimate and filtered fraction, approx. KL of each "
-        "update, PPO's clip fraction. TV depends on the algorithm, not only on the injected lag.",
+        "update, PPO's clip fraction; except max lag (the run's largest, in updates) and segments dropped (the run's "
+        "total of actor segments dropped for `max_policy_lag`). TV depends on the algorithm, not only on the injected "
+        "lag.",
         "",
         markdown_table(tables["cells"]),
         "## Plots",
