@@ -8,7 +8,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
-from sb3_vaco import VACO, LaggedPPO
+from sb3_vaco import APPO, IMPALA, VACO, DecoupledPPO, LaggedPPO
 from sb3_vaco.common.lag import PolicyLag, SnapshotRing, parse_policy_lag
 
 TINY = dict(n_steps=16, batch_size=16, n_epochs=2, learning_rate=1e-2, policy_kwargs=dict(net_arch=[16]), seed=0)
@@ -61,7 +61,7 @@ def train_recorded(algo, policy_lag, n_envs: int = 1, n_rollouts: int = 6) -> tu
     return model, recorder
 
 
-@pytest.mark.parametrize("algo", [VACO, LaggedPPO])
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO, DecoupledPPO, IMPALA, APPO])
 @pytest.mark.parametrize("lag", [0, 1, 3])
 def test_behavior_log_probs_come_from_the_snapshot_k_updates_earlier(algo, lag):
     model, recorder = train_recorded(algo, lag)

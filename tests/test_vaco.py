@@ -18,7 +18,7 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_vaco import PPOKL, SPO, VACO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
+from sb3_vaco import APPO, IMPALA, PPOKL, SPO, VACO, DecoupledPPO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 
 TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]))
@@ -80,7 +80,7 @@ def test_seeded_runs_are_deterministic(algo):
     assert_same_params(*runs)
 
 
-@pytest.mark.parametrize("algo", [VACO, LaggedPPO, PPOKL, SPO, VACOAlignOnly, VACOFilterOnly])
+@pytest.mark.parametrize("algo", [VACO, LaggedPPO, PPOKL, SPO, VACOAlignOnly, VACOFilterOnly, DecoupledPPO, IMPALA, APPO])
 def test_save_load_round_trip(algo, tmp_path):
     env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
     model = algo("MlpPolicy", env, seed=0, policy_lag=2, **TINY).learn(256)

@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 
 import torch as th
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
-from stable_baselines3.common.utils import FloatSchedule
+from stable_baselines3.common.type_aliases import GymEnv
 
-from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm, check_positive
+from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
+from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
 from sb3_vaco.common.losses import clipped_surrogate, kl_penalty_surrogate, safe_ratio, spo_surrogate
 from sb3_vaco.vaco import VACO
 
@@ -27,30 +27,8 @@ class VACOFilterOnly(VACO):
     importance_corrected_advantages: ClassVar[bool] = False
 
 
-class _ClippedRatio(AlignedOnPolicyAlgorithm):
+class _ClippedRatio(ClippedOnPolicyAlgorithm):
     """A policy loss on the ratio ``r = π_θ/μ`` to the behavior policy with a clip range ε: :meth:`_surrogate`."""
-
-    def __init__(
-        self,
-        policy: str | type[ActorCriticPolicy],
-        env: GymEnv | str,
-        clip_range: float | Schedule = 0.2,
-        _init_setup_model: bool = True,
-        **kwargs: Any,
-    ):
-        super().__init__(policy, env, **kwargs, _init_setup_model=False)
-        self.clip_range = clip_range
-        self._check_hyperparameters()
-        if _init_setup_model:
-            self._setup_model()
-
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        check_positive("clip_range", self.clip_range)
-
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        self.clip_range = FloatSchedule(self.clip_range)
 
     def _surrogate(self, ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:
         raise NotImplementedError
@@ -58,19 +36,19 @@ class _ClippedRatio(AlignedOnPolicyAlgorithm):
     def _policy_loss(
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor
     ) -> tuple[th.Tensor, dict[str, float]]:
-        clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
+        clip_range = self._current_clip_range()
         ratio = safe_ratio(log_prob - rollout_data.old_log_prob)
         clip_fraction = th.mean((th.abs(ratio - 1) > clip_range).float()).item()
         return self._surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
-
-    def _policy_loss_settings(self) -> dict[str, float]:
-        return {"clip_range": self.clip_range(self._current_progress_remaining)}  # type: ignore[operator]
 
 
 class VACOAlignOnly(_ClippedRatio):
     """
     Ablation: VACO's realignment without the filter. V-trace advantages, then PPO's clipped surrogate on the ratio
-    to the behavior policy (Schulman et al., 2017, Eq. 7).
+    to the behavior policy (Schulman et al., 2017, Eq. 7). It is not :class:`~sb3_vaco.APPO`: APPO clips the ratio
+    to the learner at the start of the update (``π_θ/π_T``, reached through a clipped ``μ/π_T``), weights its V-trace
+    advantages by ``min(ρ̄, π_T/μ)`` and fits the critic to V-trace targets; this ablation keeps everything of VACO
+    but the filter, which is replaced by the clip around the behavior policy that naive PPO uses.
 
     :param clip_range: PPO's ε (float or schedule of the progress remaining)
     :param kwargs: the parameters of :class:`~sb3_vaco.common.aligned.AlignedOnPolicyAlgorithm`

@@ -19,33 +19,12 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from torch.nn import functional as F
 
 from sb3_vaco.common.buffers import LaggedRolloutBuffer, LaggedRolloutBufferSamples, Observation
+from sb3_vaco.common.checks import check_integer, check_positive, require
 from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm, PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.losses import safe_ratio
 from sb3_vaco.common.vtrace import VTraceReturns, vtrace
 
 VALUE_TARGETS = ("gae", "vtrace")
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def check_positive(name: str, value: Any) -> None:
-    """A ``ValueError`` naming ``name`` unless ``value`` is a schedule or a number > 0."""
-    if not callable(value):
-        _require(
-            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-            f"`{name}` must be a number > 0, got {value!r}",
-        )
-
-
-def check_integer(name: str, value: Any, minimum: int = 1) -> None:
-    """A ``ValueError`` naming ``name`` unless ``value`` is an int >= ``minimum`` (``"64"``, ``16.5``, ``True`` are not)."""
-    _require(
-        isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= minimum),
-        f"`{name}` must be an int >= {minimum}, got {value!r}",
-    )
 
 
 class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
@@ -63,7 +42,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
     :param env: The environment to learn from (if registered in Gym, can be str)
     :param learning_rate: The learning rate, it can be a function of the current progress remaining (from 1 to 0)
     :param n_steps: The number of steps to run for each environment per update
-    :param batch_size: Minibatch size
+    :param batch_size: Minibatch size (None: the whole rollout, one gradient step per epoch)
     :param n_epochs: Number of epochs when optimizing the surrogate loss
     :param gamma: Discount factor
     :param gae_lambda: Trace decay λ inside V-trace (``c_t = λ·min(c̄, π/μ)``) and for GAE
@@ -105,6 +84,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
         "MultiInputPolicy": MultiInputActorCriticPolicy,
     }
     rollout_buffer: LaggedRolloutBuffer
+    batch_size: int | None
     bootstrap_at_train_time = True
     #: V-trace advantages (True) or GAE with the learner's critic, without importance correction (False)
     importance_corrected_advantages: ClassVar[bool] = True
@@ -115,7 +95,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
         env: GymEnv | str,
         learning_rate: float | Schedule = 3e-4,
         n_steps: int = 2048,
-        batch_size: int = 64,
+        batch_size: int | None = 64,
         n_epochs: int = 10,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
@@ -147,7 +127,8 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
         # Checked before the parent constructor, which would fail on them with a bare TypeError.
         check_integer("n_steps", n_steps)
         check_integer("n_epochs", n_epochs)
-        check_integer("batch_size", batch_size, minimum=2 if normalize_advantage else 1)
+        if batch_size is not None:
+            check_integer("batch_size", batch_size, minimum=2 if normalize_advantage else 1)
         super().__init__(
             policy,
             env,
@@ -168,6 +149,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
             verbose=verbose,
             device=device,
             seed=seed,
+            policy_lag=policy_lag,
             n_actors=n_actors,
             actor_backend=actor_backend,
             actor_backend_kwargs=actor_backend_kwargs,
@@ -181,7 +163,6 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
         self.value_target = value_target
         self.clip_range_vf = clip_range_vf
         self.normalize_advantage = normalize_advantage
-        self.policy_lag = policy_lag
         self.target_kl = target_kl
         # A concrete class sets its own attributes, then calls `_check_hyperparameters()` and, if asked to,
         # `_setup_model()`; `_init_setup_model` is taken here only for the signature that SB3's `load()` uses.
@@ -192,16 +173,16 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
             check_positive("clip_range_vf", self.clip_range_vf)
         check_positive("vtrace_rho_bar", self.vtrace_rho_bar)
         check_positive("vtrace_c_bar", self.vtrace_c_bar)
-        _require(0.0 <= self.gamma <= 1.0, f"`gamma` must be in [0, 1], got {self.gamma!r}")
-        _require(0.0 <= self.gae_lambda <= 1.0, f"`gae_lambda` must be in [0, 1], got {self.gae_lambda!r}")
-        _require(
+        require(0.0 <= self.gamma <= 1.0, f"`gamma` must be in [0, 1], got {self.gamma!r}")
+        require(0.0 <= self.gae_lambda <= 1.0, f"`gae_lambda` must be in [0, 1], got {self.gae_lambda!r}")
+        require(
             self.value_target in VALUE_TARGETS,
             f"`value_target` must be one of {', '.join(map(repr, VALUE_TARGETS))}; got {self.value_target!r}",
         )
         parse_policy_lag(self.policy_lag)
-        if self.env is not None:
+        if self.env is not None and self.batch_size is not None:
             buffer_size = self.n_steps * self._rollout_n_envs()
-            _require(
+            require(
                 self.batch_size <= buffer_size,
                 f"`batch_size` ({self.batch_size}) must be <= n_steps * n_envs = {buffer_size}: "
                 "lower batch_size or raise n_steps",

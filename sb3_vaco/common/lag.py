@@ -32,9 +32,12 @@ from sb3_vaco.common.actors.base import ActorSettings, parse_actor_settings
 from sb3_vaco.common.actors.pool import ActorPool
 from sb3_vaco.common.actors.steps import env_actions, time_limit_truncations
 from sb3_vaco.common.buffers import LaggedDictRolloutBuffer, LaggedRolloutBuffer, Observation
+from sb3_vaco.common.checks import check_integer
 from sb3_vaco.common.losses import MAX_LOG_RATIO
 
 PolicyLagSpec = int | tuple[int, int] | list[int]
+#: Sizes and counts of SB3's and sb3-contrib's on-policy algorithms, checked before the host's constructor sees them
+INTEGER_HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "n_critic_updates", "cg_max_steps", "line_search_max_iter")
 SelfLaggedOnPolicyAlgorithm = TypeVar("SelfLaggedOnPolicyAlgorithm", bound="LaggedOnPolicyAlgorithm")
 # Rows per forward pass when the learner re-evaluates a whole rollout.
 _EVAL_CHUNK = 4096
@@ -297,32 +300,48 @@ class PolicyLag:
 
 class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     """
-    An SB3 on-policy algorithm whose rollouts come from stale policies (injected policy lag).
-    Subclass it directly (``VACO``) or in front of an existing algorithm (``class LaggedPPO(LaggedOnPolicyAlgorithm, PPO)``).
+    An SB3 on-policy algorithm whose rollouts come from stale policies (injected policy lag), as a mixin in front of a
+    host algorithm: ``class LaggedPPO(LaggedOnPolicyAlgorithm, PPO)``, ``class LaggedTRPO(LaggedOnPolicyAlgorithm,
+    TRPO)``; VACO and the peers subclass it through :class:`~sb3_vaco.common.aligned.AlignedOnPolicyAlgorithm`.
 
-    The subclass sets ``self.policy_lag`` before the model is set up. Rollouts are
-    collected by :class:`PolicyLag`'s acting policies into a :class:`LaggedRolloutBuffer` that stores the
-    behavior log-probs and versions. ``bootstrap_at_train_time`` chooses how time-limit truncations are
-    bootstrapped: ``False`` adds ``γ·V_μ(terminal obs)`` of the *behavior* critic to the reward at
-    collection time (SB3's way, what naive asynchronous PPO does); ``True`` keeps the terminal observation
-    in the buffer so the learner's critic can bootstrap at train time (VACO).
+    What the mixin does: it takes ``policy_lag`` and the actor settings, chooses a :class:`LaggedRolloutBuffer` (which
+    also stores the behavior log-probs and policy versions, and the observations a re-estimation needs), replaces
+    SB3's ``collect_rollouts`` by the one marked copy in which :class:`PolicyLag`'s acting policies (or the actors)
+    collect, and logs the measured lag (``rollout/policy_lag_*``) and the learner's distance to its data
+    (``train/tv_behavior``, before the host's ``train()``).
+
+    What a host must provide (SB3's ``PPO`` and sb3-contrib's ``TRPO`` do, unchanged):
+
+    * it is an :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm` with an
+      :class:`~stable_baselines3.common.policies.ActorCriticPolicy` (``policy(obs)`` returns actions, values and
+      log-probs, ``evaluate_actions`` and ``predict_values`` exist);
+    * it keeps SB3's ``collect_rollouts`` and stores nothing per step beyond SB3's ``RolloutBuffer`` fields (a host
+      that overrides collection to store more, such as MaskablePPO's action masks, needs its own buffer and step);
+    * its ``train()`` reads the buffer only through ``rollout_buffer.get()`` and ``RolloutBufferSamples`` fields:
+      under lag ``old_log_prob`` is then the behavior policy's log-prob and the advantages are GAE with the behavior
+      critics, which is what the naive asynchronous version of the host does.
+
+    ``bootstrap_at_train_time`` chooses how time-limit truncations are bootstrapped: ``False`` adds
+    ``γ·V_μ(terminal obs)`` of the *behavior* critic to the reward at collection time (SB3's way, what naive
+    asynchronous PPO does); ``True`` keeps the terminal observation in the buffer so the learner's critic can
+    bootstrap at train time (VACO and the peers).
 
     With ``n_actors > 0`` the rollouts come from asynchronous actors instead (``model._actors``, an
-    :class:`~sb3_vaco.common.actors.pool.ActorPool`; see ``docs/actors.md``); the subclass passes ``n_actors``,
-    ``actor_backend`` and ``actor_backend_kwargs`` to this constructor.
+    :class:`~sb3_vaco.common.actors.pool.ActorPool`; see ``docs/actors.md``).
 
     :param policy: the policy model to use
     :param env: the environment to learn from (with actors: also what the actors build, if it is an env id)
-    :param args: the parent algorithm's positional arguments
+    :param args: the host algorithm's positional arguments
+    :param policy_lag: Injected policy lag: every env acts with the learner's parameters from ``K`` updates
+        ago, or, for a pair ``(K_min, K_max)``, each env with its own staleness drawn per rollout
     :param n_actors: 0: synchronous collection (with injected ``policy_lag``); ``> 0``: that many asynchronous actors
     :param actor_backend: ``"process"`` (local processes) or ``"ray"``
     :param actor_backend_kwargs: actor settings (:class:`~sb3_vaco.common.actors.base.ActorSettings`)
-    :param kwargs: the parent algorithm's keyword arguments
+    :param kwargs: the host algorithm's keyword arguments
     """
 
     bootstrap_at_train_time: bool = False
     policy_lag: PolicyLagSpec
-    batch_size: int
     rollout_buffer: LaggedRolloutBuffer
     _policy_lag: PolicyLag
 
@@ -331,12 +350,19 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         policy: Any,
         env: GymEnv | str,
         *args: Any,
+        policy_lag: PolicyLagSpec = 0,
         n_actors: int = 0,
         actor_backend: str = "process",
         actor_backend_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        # Set before the parent constructor, which may build the model.
+        parse_policy_lag(policy_lag)
+        # The host's constructor would fail on these with a bare TypeError, or accept 16.5 and fail later
+        for name in INTEGER_HYPERPARAMETERS:
+            if kwargs.get(name) is not None:
+                check_integer(name, kwargs[name])
+        # Set before the parent constructor, which may build the model (and the lag ring with it).
+        self.policy_lag = policy_lag
         self.n_actors = n_actors
         self.actor_backend = actor_backend
         self.actor_backend_kwargs = actor_backend_kwargs
@@ -591,12 +617,18 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _record_lag_stats(self, version: int, versions_behind: np.ndarray, lag_epochs: np.ndarray) -> None:
         """Log the staleness per env column: in policy versions, and in gradient steps (epochs × minibatches per epoch)."""
-        minibatches_per_epoch = int(np.ceil(self.n_steps * self.n_envs / self.batch_size))
+        batch_size = getattr(self, "batch_size", None) or self.n_steps * self.n_envs  # None: the whole rollout
+        minibatches_per_epoch = int(np.ceil(self.n_steps * self.n_envs / batch_size))
         self._rollout_policy_lag = float(np.mean(versions_behind))
         self.logger.record("rollout/policy_version", version)
         self.logger.record("rollout/policy_lag_mean", float(np.mean(versions_behind)))
         self.logger.record("rollout/policy_lag_max", int(np.max(versions_behind)))
         self.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag_epochs)) * minibatches_per_epoch)
+
+    def train(self) -> None:
+        """Log ``train/tv_behavior`` (the learner's distance to the acting policies), then run the host's ``train()``."""
+        self.logger.record("train/tv_behavior", self._learner_tv_to_behavior())
+        super().train()
 
     # ----- asynchronous actors (n_actors > 0): the hooks SB3 offers, delegating to ActorPool -------------------------
 
@@ -606,7 +638,12 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             self._actors.close()
 
     def learn(self: SelfLaggedOnPolicyAlgorithm, *args: Any, **kwargs: Any) -> SelfLaggedOnPolicyAlgorithm:
-        """The parent's ``learn()``; actors (if any) are shut down when it returns or raises, Ctrl-C included."""
+        """
+        The parent's ``learn()``, with the class name as the default ``tb_log_name`` (tensorboard runs ``LaggedPPO_1``,
+        ``IMPALA_1``, ...); actors (if any) are shut down when it returns or raises, Ctrl-C included.
+        """
+        if len(args) < 4 and "tb_log_name" not in kwargs:  # learn(total_timesteps, callback, log_interval, tb_log_name)
+            kwargs["tb_log_name"] = type(self).__name__
         try:
             return super().learn(*args, **kwargs)
         finally:

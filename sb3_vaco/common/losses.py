@@ -1,6 +1,7 @@
 """
 Policy surrogates as pure functions of ratios and advantages: VACO's TV filter ("Filter" step),
-and the baselines the paper and its reviewers compare against (PPO clip, SPO, KL penalty).
+the baselines the paper and its reviewers compare against (PPO clip, SPO, KL penalty) and the peers' surrogates
+(decoupled PPO, IMPALA, APPO).
 
 Every function returns a loss to *minimize* (the negated surrogate) averaged over the whole minibatch.
 """
@@ -90,11 +91,61 @@ def tv_filtered_surrogate(
     return FilteredSurrogate(loss, mask, tv_estimate, filter_active, bound_fraction)
 
 
-def clipped_surrogate(ratio: th.Tensor, advantages: th.Tensor, clip_range: float) -> th.Tensor:
-    """PPO's clipped surrogate (Schulman et al., 2017, Eq. 7): ``−mean(min(r·Â, clip(r, 1 ± ε)·Â))``."""
+def clipped_surrogate(
+    ratio: th.Tensor, advantages: th.Tensor, clip_range: float, weights: th.Tensor | None = None
+) -> th.Tensor:
+    """
+    PPO's clipped surrogate (Schulman et al., 2017, Eq. 7)::
+
+        L = − mean( w · min( r·Â, clip(r, 1 − ε, 1 + ε)·Â ) )
+
+    With constant per-sample weights ``w`` (default 1) and ``r = π_θ/π_prox`` it is decoupled PPO's objective
+    (Hilton et al., 2022, Sec. 3: ``w = π_prox/μ``, the clip around the proximal policy).
+    """
     unclipped = ratio * advantages
     clipped = th.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
-    return -th.mean(th.min(unclipped, clipped))
+    surrogate = th.min(unclipped, clipped)
+    if weights is not None:
+        surrogate = weights.detach() * surrogate
+    return -th.mean(surrogate)
+
+
+def vtrace_policy_gradient_loss(log_prob: th.Tensor, advantages: th.Tensor, pg_rhos: th.Tensor) -> th.Tensor:
+    """
+    IMPALA's policy gradient (Espeholt et al., 2018, Sec. 4.2)::
+
+        L = − mean( ρ_t · Â_t · log π_θ(a_t|s_t) ),    ρ_t = min(ρ̄, π(a_t|s_t)/μ(a_t|s_t)),  Â_t = r_t + γ·v_{t+1} − V(s_t)
+
+    whose gradient is ``−mean(ρ_t·Â_t·∇log π_θ)``; ``ρ_t`` and ``Â_t`` are constants.
+    """
+    return -th.mean(pg_rhos.detach() * advantages.detach() * log_prob)
+
+
+def appo_surrogate(
+    log_prob: th.Tensor,
+    target_log_prob: th.Tensor,
+    behavior_log_prob: th.Tensor,
+    advantages: th.Tensor,
+    clip_range: float,
+    is_ratio_clip: float = 2.0,
+) -> th.Tensor:
+    """
+    APPO's surrogate (RLlib's APPO; IMPACT, Luo et al. 2020): PPO's clip on the ratio to a target policy, reached
+    through the behavior policy with a clipped importance ratio::
+
+        r = clip(μ/π_target, 0, c) · π_θ/μ        (= π_θ/π_target while μ/π_target ≤ c)
+        L = − mean( min( r·Â, clip(r, 1 − ε, 1 + ε)·Â ) )
+
+    :param log_prob: ``log π_θ`` (with gradient)
+    :param target_log_prob: ``log π_target``
+    :param behavior_log_prob: ``log μ``
+    :param advantages: ``Â`` (APPO: V-trace advantages weighted by ``min(ρ̄, π_target/μ)``)
+    :param clip_range: ε
+    :param is_ratio_clip: c, the clip of ``μ/π_target`` (RLlib: 2)
+    """
+    is_ratio = th.clamp(safe_ratio(behavior_log_prob - target_log_prob), 0.0, is_ratio_clip).detach()
+    ratio = is_ratio * safe_ratio(log_prob - behavior_log_prob.detach())
+    return clipped_surrogate(ratio, advantages, clip_range)
 
 
 def spo_surrogate(ratio: th.Tensor, advantages: th.Tensor, epsilon: float) -> th.Tensor:

@@ -6,8 +6,9 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
-from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm, check_positive
+from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
+from sb3_vaco.common.checks import check_positive
 from sb3_vaco.common.lag import PolicyLagSpec
 from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio, tv_filtered_surrogate
 

@@ -13,7 +13,18 @@ from typing import Any
 import yaml
 from stable_baselines3.common.base_class import BaseAlgorithm
 
-from sb3_vaco import PPOKL, SPO, VACO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
+from sb3_vaco import (
+    APPO,
+    IMPALA,
+    PPOKL,
+    SPO,
+    VACO,
+    DecoupledPPO,
+    LaggedPPO,
+    LaggedTRPO,
+    VACOAlignOnly,
+    VACOFilterOnly,
+)
 
 HYPERPARAMS_DIR = Path(__file__).resolve().parent.parent / "hyperparams"
 ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {
@@ -23,6 +34,10 @@ ZOO_ALGOS: dict[str, type[BaseAlgorithm]] = {
     "vaco_filter_only": VACOFilterOnly,
     "ppo_kl": PPOKL,
     "spo": SPO,
+    "decoupled_ppo": DecoupledPPO,
+    "impala": IMPALA,
+    "appo": APPO,
+    "lagged_trpo": LaggedTRPO,
 }
 #: The key of a shipped YAML file that takes another file's entries: ``inherit: {from: vaco, without: [key, ...]}``
 INHERIT_KEY = "inherit"

@@ -1,0 +1,4 @@
+from sb3_vaco.lagged.lagged_ppo import LaggedPPO
+from sb3_vaco.lagged.lagged_trpo import LaggedTRPO
+
+__all__ = ["LaggedPPO", "LaggedTRPO"]

@@ -1,0 +1,26 @@
+from sb3_contrib import TRPO
+
+from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+
+
+class LaggedTRPO(LaggedOnPolicyAlgorithm, TRPO):
+    """
+    sb3-contrib's TRPO (Schulman et al., 2015, https://arxiv.org/abs/1502.05477), with its own ``train()`` unchanged,
+    fed by lagged rollouts: the classical KL trust region under policy lag.
+
+    The rollouts come from stale policies exactly as for :class:`~sb3_vaco.VACO` and :class:`~sb3_vaco.LaggedPPO`.
+    TRPO then does what naive asynchronous TRPO does: its surrogate's ratio is taken to the behavior policy (its
+    ``old_log_prob`` is the stale policy's log-prob), its KL trust region is around the learner at the start of the
+    update (the distribution it computes itself), and GAE uses the values of the behavior critics. With
+    ``policy_lag=0`` it is sb3-contrib's TRPO, bit for bit.
+
+    Every argument of :class:`sb3_contrib.TRPO`, with the same defaults, and:
+
+    :param policy_lag: Injected policy lag: every env acts with the learner's parameters from ``K`` updates
+        ago, or, for a pair ``(K_min, K_max)``, each env with its own staleness drawn per rollout
+    :param n_actors: Number of asynchronous actors collecting the rollouts (0: synchronous collection in ``env``).
+        With actors the lag is real (``policy_lag`` must be 0) and the buffer has ``n_actors * n_envs_per_actor`` columns
+    :param actor_backend: ``"process"`` (local processes) or ``"ray"`` (local Ray or a cluster)
+    :param actor_backend_kwargs: Actor settings: ``env_fn``, ``n_envs_per_actor``, ``delay``, ``actor_timeout``, ...
+        (see ``docs/actors.md``)
+    """
