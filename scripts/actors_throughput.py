@@ -72,7 +72,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch import nn
 
 from sb3_vaco import VACO, LaggedPPO
-from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
 from sb3_vaco.common.wrappers import LatencyWrapper, WrappedEnvFactory
 
 OUT = Path("results/actors")

@@ -1,8 +1,66 @@
+"""Fixtures shared by the test modules: one thread per process, and the tiny settings every algorithm trains with."""
+
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+
+from sb3_vaco import (
+    APPO,
+    IMPALA,
+    PPOKL,
+    SPO,
+    VACO,
+    DecoupledPPO,
+    LaggedPPO,
+    LaggedTRPO,
+    VACOAlignOnly,
+    VACOFilterOnly,
+)
+
+#: Every public algorithm class of the package
+ALGORITHMS: tuple[type[BaseAlgorithm], ...] = (
+    VACO,
+    LaggedPPO,
+    LaggedTRPO,
+    DecoupledPPO,
+    IMPALA,
+    APPO,
+    PPOKL,
+    SPO,
+    VACOAlignOnly,
+    VACOFilterOnly,
+)
+
+#: A one-layer network of 16 units: enough to learn CartPole a little, cheap to train on one thread
+TINY_NET = dict(net_arch=[16])
+
+
+def tiny_settings(algo: type[BaseAlgorithm]) -> dict[str, Any]:
+    """Settings for a few cheap updates of ``algo``: rollouts of 32 steps per env, minibatches of 16, two passes."""
+    settings: dict[str, Any] = dict(n_steps=32, policy_kwargs=TINY_NET)
+    if issubclass(algo, LaggedTRPO):
+        return {**settings, "batch_size": 16, "n_critic_updates": 2, "cg_max_steps": 5}
+    if issubclass(algo, IMPALA):
+        return {**settings, "n_epochs": 2}
+    return {**settings, "batch_size": 16, "n_epochs": 2}
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     # Torch is several times faster with one thread on this 2-core machine, and tests must not fight for cores.
     th.set_num_threads(1)
+
+
+@pytest.fixture
+def tiny() -> Callable[[type[BaseAlgorithm]], dict[str, Any]]:
+    """``tiny(algo)``: the tiny settings of ``algo`` (a fresh dict each call)."""
+    return tiny_settings
+
+
+@pytest.fixture(params=ALGORITHMS, ids=lambda algo: algo.__name__)
+def any_algo(request: pytest.FixtureRequest) -> type[BaseAlgorithm]:
+    """Each public algorithm class in turn (a test taking it runs once per class)."""
+    return request.param

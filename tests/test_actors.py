@@ -24,8 +24,8 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.vec_env import VecFrameStack, VecNormalize
 
 from sb3_vaco import VACO, LaggedPPO
-from sb3_vaco.common.actors.base import ActorStartupError
-from sb3_vaco.common.actors.worker import load_payload, make_payload
+from sb3_vaco.actors.base import ActorStartupError
+from sb3_vaco.actors.worker import load_payload, make_payload
 
 TINY = dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
 ACTORS = dict(n_actors=2, actor_backend_kwargs=dict(n_envs_per_actor=2))

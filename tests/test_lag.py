@@ -9,7 +9,9 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
 from sb3_vaco import APPO, IMPALA, VACO, DecoupledPPO, LaggedPPO
-from sb3_vaco.common.lag import PolicyLag, SnapshotRing, parse_policy_lag
+from sb3_vaco.common.lag_spec import parse_policy_lag
+from sb3_vaco.common.policy_lag import PolicyLag
+from sb3_vaco.common.ring import SnapshotRing
 
 TINY = dict(n_steps=16, batch_size=16, n_epochs=2, learning_rate=1e-2, policy_kwargs=dict(net_arch=[16]), seed=0)
 

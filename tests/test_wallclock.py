@@ -19,10 +19,10 @@ pytest.importorskip("rliable")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
+from sb3_vaco.actors.base import ActorSettings
 from sb3_vaco.bench import runner, wallclock
 from sb3_vaco.bench.common import zoo_entry
 from sb3_vaco.bench.grids import Variant, load_grid_file, parse_update
-from sb3_vaco.common.actors.base import ActorSettings
 from sb3_vaco.common.wrappers import LatencyWrapper, WrappedEnvFactory
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,8 +20,9 @@ from torch.nn import functional as F
 
 from sb3_vaco.common.buffers import LaggedRolloutBuffer, LaggedRolloutBufferSamples, Observation
 from sb3_vaco.common.checks import check_integer, check_positive, require
-from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm, PolicyLagSpec, parse_policy_lag
-from sb3_vaco.common.losses import safe_ratio
+from sb3_vaco.common.lag_spec import PolicyLagSpec, parse_policy_lag
+from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
+from sb3_vaco.common.losses import safe_ratio, total_variation
 from sb3_vaco.common.vtrace import VTraceReturns, vtrace
 
 VALUE_TARGETS = ("gae", "vtrace")
@@ -274,7 +275,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
             targets = critic_returns.value_targets
             advantages = policy_returns.advantages if correct_advantages else policy_returns.value_targets - values_t
             rhos = safe_ratio(log_rhos)
-            tv_behavior = 0.5 * th.mean(th.abs(rhos - 1.0)).item()
+            tv_behavior = total_variation(log_rhos).item()
             ess_fraction = (th.sum(rhos) ** 2 / (rhos.numel() * th.sum(rhos**2))).item()
 
         buffer.set_time_major("values", values)

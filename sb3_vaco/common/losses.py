@@ -23,6 +23,14 @@ def safe_ratio(log_ratio: th.Tensor) -> th.Tensor:
     return th.exp(th.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
+def total_variation(log_ratio: th.Tensor) -> th.Tensor:
+    """
+    ``TV(π, μ) = ½·E_μ|π/μ − 1|`` estimated on samples of μ from ``log_ratio = log π − log μ`` (the paper's Eq. 5):
+    the distance of the learner ``π`` to the policies that acted, in [0, 1] in expectation under any lag.
+    """
+    return 0.5 * th.mean(th.abs(safe_ratio(log_ratio) - 1.0))
+
+
 class FilteredSurrogate(NamedTuple):
     """
     :param loss: ``−mean_i(m_i · w_i · q_i · Â_i)``

@@ -1,6 +1,6 @@
 from stable_baselines3 import PPO
 
-from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
 
 
 class LaggedPPO(LaggedOnPolicyAlgorithm, PPO):

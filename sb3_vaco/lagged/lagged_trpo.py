@@ -1,6 +1,6 @@
 from sb3_contrib import TRPO
 
-from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
 
 
 class LaggedTRPO(LaggedOnPolicyAlgorithm, TRPO):

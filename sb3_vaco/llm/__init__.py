@@ -3,7 +3,7 @@ VACO for LLM RL with TRL (the optional ``sb3_vaco[llm]`` extra): GRPO with VACO'
 sequence-level TVPO, decoupled) and injectable policy lag. Not imported by ``sb3_vaco``.
 """
 
-from sb3_vaco.common.lag import SnapshotRing
+from sb3_vaco.common.ring import SnapshotRing
 from sb3_vaco.llm.grpo import VACO_FORMS, VACOGRPOConfig, VACOGRPOTrainer
 from sb3_vaco.llm.losses import (
     masked_tv_filtered_surrogate,

@@ -15,8 +15,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, pad
 
-from sb3_vaco.common.lag import SnapshotRing
 from sb3_vaco.common.losses import safe_ratio
+from sb3_vaco.common.ring import SnapshotRing
 from sb3_vaco.llm.losses import FilteredLoss, vaco_decoupled_loss, vaco_sequence_loss, vaco_token_loss
 
 #: VACO's forms for LLMs (``VACOGRPOConfig.vaco_form``), see :mod:`sb3_vaco.llm.losses`

@@ -24,10 +24,7 @@ from typing import NamedTuple
 
 import torch as th
 
-from sb3_vaco.common.losses import FilteredSurrogate, safe_ratio, tv_filtered_surrogate
-
-#: Log of the importance weight ρ = π_T/μ is clamped to ±MAX_LOG_RHO before ``exp`` (as open-instruct does)
-MAX_LOG_RHO = 10.0
+from sb3_vaco.common.losses import MAX_LOG_RATIO, FilteredSurrogate, safe_ratio, tv_filtered_surrogate
 
 
 class FilteredLoss(NamedTuple):
@@ -67,7 +64,7 @@ def importance_weights(log_rho: th.Tensor, rho_bar: float = math.inf) -> th.Tens
     :param log_rho: ``log ρ``, any shape
     :param rho_bar: the truncation ``ρ̄`` (``inf``: none)
     """
-    rho = th.exp(th.clamp(log_rho.detach(), -MAX_LOG_RHO, MAX_LOG_RHO))
+    rho = safe_ratio(log_rho.detach())
     return rho if math.isinf(rho_bar) else th.clamp(rho, max=rho_bar)
 
 
@@ -239,7 +236,7 @@ def vaco_sequence_loss(
     valid = token_mask.bool()
     n_valid = token_mask.sum().clamp(min=1.0)
     with th.no_grad():
-        log_rho = th.where(valid, th.clamp(proximal_logps - behavior_logps, -MAX_LOG_RHO, MAX_LOG_RHO), 0.0)
+        log_rho = th.where(valid, th.clamp(proximal_logps - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
         rho = th.exp(log_rho)
         sequence_tv = 0.5 * sequence_mean(th.abs(rho - 1.0), token_mask)  # (B, 1)
         over_budget = sequence_tv > tv_threshold

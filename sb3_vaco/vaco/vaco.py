@@ -3,13 +3,13 @@ from typing import Any, ClassVar, TypeVar
 import torch as th
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.checks import check_positive
-from sb3_vaco.common.lag import PolicyLagSpec
+from sb3_vaco.common.lag_spec import PolicyLagSpec
 from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio, tv_filtered_surrogate
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
@@ -221,21 +221,3 @@ class VACO(AlignedOnPolicyAlgorithm):
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_update_tv_threshold"]
-
-    def learn(
-        self: SelfVACO,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str = "VACO",
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfVACO:
-        return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )

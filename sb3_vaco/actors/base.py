@@ -3,7 +3,7 @@ Asynchronous actors: the settings, what an actor sends (:class:`Segment`), what 
 and the protocol every backend implements (:class:`ActorBackend`).
 
 Data flows one way: actors act with the newest parameters the learner *published* and send segments; the learner
-assembles the next ``n_actors`` segments into one batch (see :class:`sb3_vaco.common.actors.pool.ActorPool`).
+assembles the next ``n_actors`` segments into one batch (see :class:`sb3_vaco.actors.pool.ActorPool`).
 Nothing here imports torch or ray: this module is safe to import anywhere.
 """
 

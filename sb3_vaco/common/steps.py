@@ -1,9 +1,9 @@
 """
 The pieces of SB3's env-step loop (``OnPolicyAlgorithm.collect_rollouts``) that run on *both* sides of the actors,
-written once: the synchronous rollout (``sb3_vaco/common/lag.py``) and the actor loop
-(:class:`~sb3_vaco.common.actors.worker.ActorWorker`) use them to act and to recognize time-limit truncations;
-the learner-side storing of a step (``LaggedOnPolicyAlgorithm._store_step``) is shared by the synchronous rollout
-and the replay of actor segments. Nothing here imports the algorithms (no import cycle).
+written once: the synchronous rollout (:class:`~sb3_vaco.common.lagged.LaggedOnPolicyAlgorithm`) and the actor loop
+(:class:`~sb3_vaco.actors.worker.ActorWorker`) use them to act and to recognize time-limit truncations; the
+learner-side storing of a step (:class:`~sb3_vaco.common.collect.RolloutWriter`) is shared by the synchronous rollout
+and the replay of actor segments.
 """
 
 from typing import Any
@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
 
-from sb3_vaco.common.actors.base import Observation
+from sb3_vaco.common.buffers import Observation
 
 
 def env_actions(policy: BasePolicy, actions: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ Every actor owns its own channels, so that an actor killed at any instant can on
 
 A shared ``multiprocessing.Queue`` would be simpler, but an actor killed while writing to it corrupts it for all
 (Python's documentation warns about exactly that). The health / replace loop is
-:class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this module implements its primitives.
+:class:`~sb3_vaco.actors.base.ActorBackend`'s; this module implements its primitives.
 """
 
 import atexit
@@ -33,7 +33,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 
-from sb3_vaco.common.actors.base import (
+from sb3_vaco.actors.base import (
     ActorBackend,
     ActorExit,
     ActorFailure,
@@ -43,7 +43,7 @@ from sb3_vaco.common.actors.base import (
     Payload,
     Segment,
 )
-from sb3_vaco.common.actors.worker import (
+from sb3_vaco.actors.worker import (
     ActorWorker,
     PayloadLayout,
     flatten_payload,
@@ -158,7 +158,7 @@ class _Slot(ActorSlot):
 
 class ProcessActorBackend(ActorBackend):
     """
-    :class:`~sb3_vaco.common.actors.base.ActorBackend` with one daemon process per actor on this machine.
+    :class:`~sb3_vaco.actors.base.ActorBackend` with one daemon process per actor on this machine.
 
     :param spec: what each actor builds
     :param settings: validated actor settings

@@ -13,21 +13,19 @@ import contextlib
 import functools
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, VecTransposeImage
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvWrapper
 
-from sb3_vaco.common.actors.base import ActorBackend, ActorSettings, ActorSpec, Observation, Segment, pickle_env_fn
-from sb3_vaco.common.actors.worker import make_payload
-from sb3_vaco.common.buffers import LaggedRolloutBuffer
-
-if TYPE_CHECKING:
-    from sb3_vaco.common.lag import LaggedOnPolicyAlgorithm
+from sb3_vaco.actors.base import ActorBackend, ActorSettings, ActorSpec, Observation, Segment, pickle_env_fn
+from sb3_vaco.actors.worker import make_payload
+from sb3_vaco.common.collect import RolloutWriter
 
 
 class ActorProgressBarCallback(ProgressBarCallback):
@@ -185,7 +183,7 @@ class ActorPool:
             vec_wrappers_of(env)
 
     @contextlib.contextmanager
-    def learner_env(self, model: "LaggedOnPolicyAlgorithm", env: GymEnv) -> Iterator[None]:
+    def learner_env(self, model: OnPolicyAlgorithm, env: GymEnv) -> Iterator[None]:
         """
         Around SB3's ``set_env()``: it requires ``env.num_envs == model.n_envs``, but with actors ``n_envs`` counts
         the actors' envs, not the learner's env (which is not stepped). The new env is checked as at construction.
@@ -210,20 +208,19 @@ class ActorPool:
 
     # ----- collection ---------------------------------------------------------------------------------------------
 
-    def collect_rollouts(
-        self, model: "LaggedOnPolicyAlgorithm", callback: BaseCallback, rollout_buffer: LaggedRolloutBuffer
-    ) -> bool:
+    def collect_rollouts(self, model: OnPolicyAlgorithm, writer: RolloutWriter) -> bool:
         """
         ``collect_rollouts`` with asynchronous actors: publish the learner's parameters if it was updated since the
         last batch, take the next ``n_actors`` segments (whichever actors and versions produced them), then replay
         them step by step into the buffer exactly as a synchronous rollout of ``n_actors * n_envs_per_actor`` envs is
-        stored, through the same code (``model._store_step``: ``num_timesteps``, ``callback.on_step()`` once per step
-        row, the episode-info buffer, truncations, ``add()``). The callbacks thus run in a burst once the batch has
+        stored, through the same code (``writer.step``: ``num_timesteps``, ``callback.on_step()`` once per step row, the
+        episode-info buffer, truncations, ``add()``). The callbacks thus run in a burst once the batch has
         arrived; returning False stops training as usual.
         """
         model.policy.set_training_mode(False)
         vec_normalize = model.get_vec_normalize_env()
-        self.publish(model, vec_normalize)  # a new version after every train()
+        self.publish(model, writer.n_updates, vec_normalize)  # a new version after every train()
+        callback, rollout_buffer = writer.callback, writer.rollout_buffer
         rollout_buffer.reset()
         callback.on_rollout_start()
         batch = self.collect(self.settings.n_actors, vec_normalize)
@@ -233,10 +230,8 @@ class ActorPool:
             dones = batch.dones[step]
             infos = batch.infos(step)
             actions = batch.actions[step]
-            if not model._store_step(
-                callback,
+            if not writer.step(
                 locals(),
-                rollout_buffer,
                 batch.observations_at(step),
                 actions,
                 rewards,
@@ -252,8 +247,8 @@ class ActorPool:
 
         rollout_buffer.compute_returns_and_advantage(last_values=th.as_tensor(batch.last_values), dones=batch.last_dones)
         rollout_buffer.set_bootstrap(batch.last_observations, batch.last_dones)
-        lag_epochs = model._n_updates - np.array([self.version_n_updates[version] for version in batch.versions])
-        model._record_lag_stats(self.version, self.version - batch.versions, lag_epochs)
+        lag_epochs = writer.n_updates - np.array([self.version_n_updates[version] for version in batch.versions])
+        writer.record_lag(self.version, self.version - batch.versions, lag_epochs)
         model.logger.record("rollout/actor_restarts", self.restarts)
         model.logger.record("rollout/actor_segments_dropped", self.dropped_segments)
         model.logger.record("rollout/actor_wait_time", self.wait_seconds)
@@ -264,7 +259,7 @@ class ActorPool:
         callback.on_rollout_end()
         return True
 
-    def _start(self, model: "LaggedOnPolicyAlgorithm") -> None:
+    def _start(self, model: OnPolicyAlgorithm) -> None:
         """Describe the actors from the model as it is now (its env, policy and settings); versions count from 0."""
         assert model.env is not None
         self.spec = ActorSpec(
@@ -291,22 +286,28 @@ class ActorPool:
 
     def _make_backend(self, spec: ActorSpec) -> ActorBackend:
         if self.settings.backend == "ray":
-            from sb3_vaco.common.actors.ray_backend import RayActorBackend
+            from sb3_vaco.actors.ray_backend import RayActorBackend
 
             return RayActorBackend(spec, self.settings)
-        from sb3_vaco.common.actors.process import ProcessActorBackend
+        from sb3_vaco.actors.process import ProcessActorBackend
 
         return ProcessActorBackend(spec, self.settings)
 
-    def publish(self, model: "LaggedOnPolicyAlgorithm", vec_normalize: VecNormalize | None) -> None:
-        """Publish the learner's parameters as a new version if it was updated since the last one (starts the actors)."""
-        if self.backend is not None and model._n_updates == self._published_n_updates:
+    def publish(self, model: OnPolicyAlgorithm, n_updates: int, vec_normalize: VecNormalize | None) -> None:
+        """
+        Publish the learner's parameters as a new version if it was updated since the last one (starts the actors).
+
+        :param model: the learner
+        :param n_updates: its update counter
+        :param vec_normalize: its VecNormalize wrapper, if any (the actors normalize with its statistics)
+        """
+        if self.backend is not None and n_updates == self._published_n_updates:
             return
         if self.backend is None:
             self._start(model)
         self.version += 1
-        self._published_n_updates = model._n_updates
-        self.version_n_updates[self.version] = model._n_updates
+        self._published_n_updates = n_updates
+        self.version_n_updates[self.version] = n_updates
         payload = make_payload(model.policy, vec_normalize)
         if self.backend is None:
             assert self.spec is not None

@@ -1,6 +1,6 @@
 """
 The actor loop body shared by every backend: build the envs and a copy of the policy, load published parameters,
-collect one :class:`~sb3_vaco.common.actors.base.Segment`. Also the (de)serialization of published parameters.
+collect one :class:`~sb3_vaco.actors.base.Segment`. Also the (de)serialization of published parameters.
 """
 
 import time
@@ -16,8 +16,8 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize, VecTransposeImage
 
-from sb3_vaco.common.actors.base import ActorSpec, Observation, Payload, Segment
-from sb3_vaco.common.actors.steps import env_actions, time_limit_truncations
+from sb3_vaco.actors.base import ActorSpec, Observation, Payload, Segment
+from sb3_vaco.common.steps import env_actions, time_limit_truncations
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Published parameters: {"policy/<state_dict key>": array, "obs_rms/mean" (or "obs_rms/<key>/mean"): array, ...}.
@@ -112,7 +112,7 @@ class ActorWorker:
     """
     One actor: ``spec.n_envs`` envs in a ``DummyVecEnv`` (Monitor-wrapped, as ``make_vec_env`` does) and a CPU copy of
     the learner's policy. :meth:`collect` is SB3's ``collect_rollouts`` loop (acting and truncation rule shared with the
-    learner: :mod:`sb3_vaco.common.actors.steps`), storing what a :class:`Segment` holds.
+    learner: :mod:`sb3_vaco.common.steps`), storing what a :class:`Segment` holds.
 
     With VecNormalize the actor normalizes with the statistics the learner published (frozen: ``training=False``)
     and reports the moments of the raw observations and discounted returns it saw, which the learner merges into

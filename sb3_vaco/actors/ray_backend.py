@@ -6,7 +6,7 @@ newest published parameters as an object reference (``ray.put`` once per version
 has them): the same rule as the process backend, the actor acts with the newest version at the start of a segment.
 A call that fails because its actor died (``RayActorError``) or whose result was lost with the actor's node
 (``ObjectLostError``), or that has not finished after ``actor_timeout`` seconds, gets its actor killed and replaced
-(the loop is :class:`~sb3_vaco.common.actors.base.ActorBackend`'s; this module implements its primitives); an
+(the loop is :class:`~sb3_vaco.actors.base.ActorBackend`'s; this module implements its primitives); an
 exception raised by the actor's code is re-raised in the learner.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from sb3_vaco.common.actors.base import (
+from sb3_vaco.actors.base import (
     ActorBackend,
     ActorExit,
     ActorFailure,
@@ -30,7 +30,7 @@ from sb3_vaco.common.actors.base import (
     Payload,
     Segment,
 )
-from sb3_vaco.common.actors.worker import ActorWorker
+from sb3_vaco.actors.worker import ActorWorker
 
 
 class _RayActor:
@@ -78,7 +78,7 @@ class _RaySlot(ActorSlot):
 
 class RayActorBackend(ActorBackend):
     """
-    :class:`~sb3_vaco.common.actors.base.ActorBackend` with Ray actors.
+    :class:`~sb3_vaco.actors.base.ActorBackend` with Ray actors.
 
     Starts Ray locally (``ray.init(num_cpus=..., include_dashboard=False)``) when it is not initialized and no
     ``address`` is given, and shuts it down on :meth:`close`; joins a cluster with ``address`` (and leaves it running).
