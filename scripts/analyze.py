@@ -14,7 +14,7 @@ Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, `
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the
 scores and their normalization.
 
-``--wallclock`` adds the wall-clock analysis of runs whose evaluations are timed (``sb3_vaco.bench.wallclock``; runs
+``--wallclock`` adds the wall-clock analysis of runs whose evaluations are timed (``vaco_lab.wallclock``; runs
 recorded before the runner timed them are left out, with a message): ``wallclock.md`` (median training time to a
 threshold return, a fraction of the reference's final return, per env, latency setting and method),
 ``wallclock.csv`` and ``wallclock_curves.png`` (return vs wall-clock and vs env steps); ``docs/actors.md``::
@@ -27,10 +27,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's sb3_vaco, not an installed one
-
-from sb3_vaco.bench.analysis import analyze
-from sb3_vaco.bench.wallclock import DEFAULT_FRACTIONS, analyze_wallclock
+from vaco_lab.analysis import analyze
+from vaco_lab.wallclock import DEFAULT_FRACTIONS, analyze_wallclock
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ Examples::
 
 Output, per run: ``<out>/<env>/<algorithm>/lag<L>/seed<S>/result.json`` (eval curve, scores, timing,
 hyperparameters, versions) and ``progress.csv`` (one row per iteration: lag and TV statistics, losses).
-``docs/benchmarks.md`` describes both; the runner is :mod:`sb3_vaco.bench.runner`.
+``docs/benchmarks.md`` describes both; the runner is :mod:`vaco_lab.runner`.
 """
 
 import argparse
@@ -26,14 +26,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# This checkout's sb3_vaco (a worktree, a copy) rather than an installed one, so that a record's git revision names
-# the code that ran. Spawned workers inherit the path.
-sys.path.insert(0, str(REPO_ROOT))
-
-from sb3_vaco.bench.common import command_line, git_revision, parse_seeds  # noqa: E402
-from sb3_vaco.bench.grids import BASE_UPDATE, Cell, Grid, GridFile, load_grid_file, parse_update, parse_variant, select  # noqa: E402
-from sb3_vaco.bench.runner import ERROR_FILE, RunSpec, grid_runs, print_dry_run, run_grid  # noqa: E402
+from vaco_lab.common import REPO_ROOT, check_checkout, command_line, git_revision, parse_seeds
+from vaco_lab.grids import BASE_UPDATE, Cell, Grid, GridFile, load_grid_file, parse_update, parse_variant, select
+from vaco_lab.runner import ERROR_FILE, RunSpec, grid_runs, print_dry_run, run_grid
 
 GRIDS_FILE = Path(__file__).resolve().parent / "grids.yml"
 AD_HOC_OUT = REPO_ROOT / "results" / "custom"
@@ -125,12 +120,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        check_checkout()
         grids = load_grid_file(args.grids_file)
         if args.list:
             list_grids(grids)
             return 0
         runs, grid = runs_from_args(args, grids)
-    except ValueError as error:
+    except (ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:

@@ -41,7 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from transformers.trainer_callback import PrinterCallback
 
 from sb3_vaco.llm import VACO_FORMS, VACOGRPOConfig, VACOGRPOTrainer
-from sb3_vaco.llm.math_task import (
+from vaco_lab.math_task import (
     Problem,
     build_tiny_model,
     build_tokenizer,

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _bench_common import REPO_ROOT, atomic_write_text, command_line, git_revision, package_versions, use_one_thread
 from stable_baselines3.common.callbacks import BaseCallback
+
+from vaco_lab.common import REPO_ROOT, atomic_write_text, command_line, git_revision, package_versions, use_one_thread
 
 # Algorithm -> the shipped YAML whose env entry gives its settings.
 ZOO_CONFIGS = {"ppo": "lagged_ppo", "vaco": "vaco"}

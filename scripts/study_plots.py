@@ -1,7 +1,7 @@
 """
 The variant study's two summary plots (issue 7, ``docs/study.md``) from the committed runs: score against the lag per
 VACO form (``score_vs_lag_variants.png``) and score against the TV budget δ (``delta_sensitivity.png``), with every
-plotted value in ``study_points.csv``. The plots are :mod:`sb3_vaco.bench.study`'s::
+plotted value in ``study_points.csv``. The plots are :mod:`vaco_lab.study`'s::
 
     python scripts/study_plots.py               # → results/study/
 """
@@ -11,10 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this checkout's sb3_vaco, not an installed one
-
-from sb3_vaco.bench.study import study_plots  # noqa: E402
+from vaco_lab.common import REPO_ROOT as ROOT
+from vaco_lab.study import study_plots
 
 
 def main(argv: Sequence[str] | None = None) -> int:

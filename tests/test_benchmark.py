@@ -1,5 +1,5 @@
 """
-The benchmark lab (``sb3_vaco.bench``, ``scripts/benchmark.py``, ``scripts/analyze.py``): parsing, grid construction
+The benchmark lab (``vaco_lab``, ``scripts/benchmark.py``, ``scripts/analyze.py``): parsing, grid construction
 and the grids file's checks, the grid runner on a 2-run CartPole grid (result files, resume without retraining), and
 the analysis on its output (single seed: CIs n/a) and on synthetic scores.
 """
@@ -19,9 +19,10 @@ pytest.importorskip("rliable")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
-from sb3_vaco.bench import analysis, runner, study
-from sb3_vaco.bench.common import lag_sort_key, parse_lag, parse_seeds, zoo_entry
-from sb3_vaco.bench.grids import (
+from sb3_vaco.zoo import ZOO_ALGOS
+from vaco_lab import analysis, runner, study
+from vaco_lab.common import lag_sort_key, parse_lag, parse_seeds, zoo_entry
+from vaco_lab.grids import (
     Cell,
     Grid,
     GridFileError,
@@ -30,7 +31,6 @@ from sb3_vaco.bench.grids import (
     parse_variant,
     select,
 )
-from sb3_vaco.zoo import ZOO_ALGOS
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"

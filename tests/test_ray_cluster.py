@@ -6,14 +6,11 @@ Cheap enough for CI (CartPole, a 16-unit net, about 2,000 steps; about 40-60 s, 
 actors); skipped when Ray is not installed or a cluster cannot start here.
 """
 
-import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -25,11 +22,7 @@ from sb3_vaco import VACO
 
 ray = pytest.importorskip("ray", reason="the Ray cluster test needs Ray (pip install 'ray>=2.40')")
 
-_SPEC = importlib.util.spec_from_file_location("ray_cluster", Path(__file__).parents[1] / "scripts" / "ray_cluster.py")
-assert _SPEC is not None and _SPEC.loader is not None
-ray_cluster = importlib.util.module_from_spec(_SPEC)
-sys.modules["ray_cluster"] = ray_cluster
-_SPEC.loader.exec_module(ray_cluster)
+import ray_cluster  # noqa: E402 - scripts/ is on the test path (pyproject.toml)
 
 TOTAL_TIMESTEPS = 2048  # 32 batches of 2 segments of 32 steps x 1 env
 TINY = dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)

@@ -1,6 +1,9 @@
-"""The package's structure: no import cycle between its modules."""
+"""The package's structure: no import cycle between its modules; the wheel is the library, without the lab."""
 
 import ast
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import sb3_vaco
@@ -66,3 +69,39 @@ def test_no_import_cycle_in_the_package():
     assert "sb3_vaco.common.lagged" in graph and "sb3_vaco.actors.pool" in graph["sb3_vaco.common.lagged"]
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_wheel_is_the_library(tmp_path):
+    """
+    The built wheel holds the package only (no benchmark lab, no demo), and ``import sb3_vaco`` needs none of the lab's,
+    the zoo's, Ray's or TRL's dependencies.
+    """
+    repo = PACKAGE_ROOT.parent
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "-q"],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    (wheel,) = tmp_path.glob("sb3_vaco-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/")[0] for name in names}
+    assert packages == {"sb3_vaco", wheel.name.split("-py")[0] + ".dist-info"}, packages
+    assert "sb3_vaco/hyperparams/vaco.yml" in names
+    lab = ("sb3_vaco/bench/", "vaco_lab", "math_task", "grids.yml", "demo")
+    assert not [name for name in names if any(part in name for part in lab)]
+
+    blocked = ("vaco_lab", "rl_zoo3", "optuna", "pandas", "rliable", "matplotlib", "trl", "transformers", "datasets", "ray")
+    code = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+import sb3_vaco
+from sb3_vaco import *
+print(len(sb3_vaco.__all__))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr

@@ -3,7 +3,6 @@ Wall-clock to a return (issue 22): the latency wrapper, the zoo's actors steppin
 eval timing with actors, the ``wallclock`` grid, and the wall-clock analysis on synthetic results.
 """
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -19,11 +18,12 @@ pytest.importorskip("rliable")
 pytest.importorskip("matplotlib")
 pytest.importorskip("tqdm")
 
+import analyze as analyze_script
 from sb3_vaco.actors.base import ActorSettings
-from sb3_vaco.bench import runner, wallclock
-from sb3_vaco.bench.common import zoo_entry
-from sb3_vaco.bench.grids import Variant, load_grid_file, parse_update
 from sb3_vaco.common.wrappers import LatencyWrapper, WrappedEnvFactory
+from vaco_lab import runner, wallclock
+from vaco_lab.common import zoo_entry
+from vaco_lab.grids import Variant, load_grid_file, parse_update
 
 REPO = Path(__file__).resolve().parent.parent
 GRIDS = load_grid_file(REPO / "scripts" / "grids.yml")
@@ -206,10 +206,6 @@ def test_wallclock_analysis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
             write_run(results, "Hopper-v5", f"lagged_ppo_actors4{update}", seed, [300, 500, 650, final], 5.0, lag=4.0)
     write_run(results, "Hopper-v5", "lagged_ppo", 9, [600, 900, 1000, 1000], 10.0, timed=False)  # an old record
 
-    spec = importlib.util.spec_from_file_location("analyze_script", REPO / "scripts" / "analyze.py")
-    assert spec is not None and spec.loader is not None
-    analyze_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(analyze_script)
     out = tmp_path / "analysis"
     assert analyze_script.main([str(results), "--out", str(out), "--reps", "20", "--wallclock"]) == 0
     assert "1 run(s) without eval timing" in capsys.readouterr().out

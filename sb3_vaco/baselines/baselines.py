@@ -98,11 +98,6 @@ class PPOKL(AlignedOnPolicyAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        if not self.kl_coef >= 0:
-            raise ValueError(f"`kl_coef` must be >= 0, got {self.kl_coef!r}")
-
     def _policy_loss(
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor
     ) -> tuple[th.Tensor, dict[str, float]]:

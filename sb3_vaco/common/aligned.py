@@ -19,7 +19,7 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance, ob
 from torch.nn import functional as F
 
 from sb3_vaco.common.buffers import LaggedRolloutBuffer, LaggedRolloutBufferSamples, Observation
-from sb3_vaco.common.checks import check_integer, check_positive, require
+from sb3_vaco.common.checks import check_hyperparameters, require
 from sb3_vaco.common.lag_spec import PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
 from sb3_vaco.common.losses import safe_ratio, total_variation
@@ -126,10 +126,11 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
         _init_setup_model: bool = True,
     ):
         # Checked before the parent constructor, which would fail on them with a bare TypeError.
-        check_integer("n_steps", n_steps)
-        check_integer("n_epochs", n_epochs)
-        if batch_size is not None:
-            check_integer("batch_size", batch_size, minimum=2 if normalize_advantage else 1)
+        check_hyperparameters({"n_steps": n_steps, "n_epochs": n_epochs, "batch_size": batch_size})
+        require(
+            batch_size is None or batch_size > 1 or not normalize_advantage,
+            "`batch_size` must be > 1 with normalize_advantage=True (a minibatch of one has no spread to normalize by)",
+        )
         super().__init__(
             policy,
             env,
@@ -170,12 +171,7 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
 
     def _check_hyperparameters(self) -> None:
         """Raise a ``ValueError`` naming the parameter and what to change, for any invalid setting."""
-        if self.clip_range_vf is not None:
-            check_positive("clip_range_vf", self.clip_range_vf)
-        check_positive("vtrace_rho_bar", self.vtrace_rho_bar)
-        check_positive("vtrace_c_bar", self.vtrace_c_bar)
-        require(0.0 <= self.gamma <= 1.0, f"`gamma` must be in [0, 1], got {self.gamma!r}")
-        require(0.0 <= self.gae_lambda <= 1.0, f"`gae_lambda` must be in [0, 1], got {self.gae_lambda!r}")
+        check_hyperparameters(vars(self))  # every numeric setting the model has so far (sb3_vaco.common.checks)
         require(
             self.value_target in VALUE_TARGETS,
             f"`value_target` must be one of {', '.join(map(repr, VALUE_TARGETS))}; got {self.value_target!r}",

@@ -7,7 +7,6 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
-from sb3_vaco.common.checks import check_positive
 
 
 class ClippedOnPolicyAlgorithm(AlignedOnPolicyAlgorithm):
@@ -32,10 +31,6 @@ class ClippedOnPolicyAlgorithm(AlignedOnPolicyAlgorithm):
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
-
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        check_positive("clip_range", self.clip_range)
 
     def _setup_model(self) -> None:
         super()._setup_model()

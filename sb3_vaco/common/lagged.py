@@ -25,15 +25,13 @@ from sb3_vaco.actors.base import ActorSettings, parse_actor_settings
 from sb3_vaco.actors.pool import ActorPool
 from sb3_vaco.common.buffers import LaggedDictRolloutBuffer, LaggedRolloutBuffer, Observation
 from sb3_vaco.common.checkpoint import add_lag_state, read_lag_state
-from sb3_vaco.common.checks import check_integer
+from sb3_vaco.common.checks import check_hyperparameters
 from sb3_vaco.common.collect import RolloutWriter
 from sb3_vaco.common.lag_spec import PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.losses import total_variation
 from sb3_vaco.common.policy_lag import PolicyLag
 from sb3_vaco.common.steps import env_actions
 
-#: Sizes and counts of SB3's and sb3-contrib's on-policy algorithms, checked before the host's constructor sees them
-INTEGER_HYPERPARAMETERS = ("n_steps", "batch_size", "n_epochs", "n_critic_updates", "cg_max_steps", "line_search_max_iter")
 SelfLaggedOnPolicyAlgorithm = TypeVar("SelfLaggedOnPolicyAlgorithm", bound="LaggedOnPolicyAlgorithm")
 # Rows per forward pass when the learner re-evaluates a whole rollout.
 _EVAL_CHUNK = 4096
@@ -98,10 +96,8 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> None:
         parse_policy_lag(policy_lag)
-        # The host's constructor would fail on these with a bare TypeError, or accept 16.5 and fail later
-        for name in INTEGER_HYPERPARAMETERS:
-            if kwargs.get(name) is not None:
-                check_integer(name, kwargs[name])
+        # Before the host's constructor, which would fail on some with a bare TypeError and accept others silently
+        check_hyperparameters(kwargs)
         # Set before the parent constructor, which may build the model (and the lag ring with it).
         self.policy_lag = policy_lag
         self.n_actors = n_actors

@@ -6,7 +6,6 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
-from sb3_vaco.common.checks import check_positive
 from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
 from sb3_vaco.common.losses import appo_surrogate, safe_ratio
 
@@ -69,12 +68,6 @@ class APPO(ClippedOnPolicyAlgorithm):
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
-
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        if hasattr(self, "kl_target"):
-            for name in ("pg_rho_bar", "is_ratio_clip", "kl_coef", "kl_target"):
-                check_positive(name, getattr(self, name))
 
     def _setup_model(self) -> None:
         super()._setup_model()

@@ -5,7 +5,6 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
-from sb3_vaco.common.checks import check_positive
 from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
 from sb3_vaco.common.losses import clipped_surrogate, safe_ratio
 
@@ -61,11 +60,6 @@ class DecoupledPPO(ClippedOnPolicyAlgorithm):
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
-
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        if hasattr(self, "weight_cap"):
-            check_positive("weight_cap", self.weight_cap)
 
     def _policy_loss(
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor

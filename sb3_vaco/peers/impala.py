@@ -6,7 +6,6 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
-from sb3_vaco.common.checks import check_positive
 from sb3_vaco.common.losses import safe_ratio, vtrace_policy_gradient_loss
 
 
@@ -83,10 +82,6 @@ class IMPALA(AlignedOnPolicyAlgorithm):
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
-
-    def _check_hyperparameters(self) -> None:
-        super()._check_hyperparameters()
-        check_positive("pg_rho_bar", self.pg_rho_bar)
 
     def _policy_loss(
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor

@@ -8,7 +8,6 @@ from stable_baselines3.common.utils import FloatSchedule
 
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
-from sb3_vaco.common.checks import check_positive
 from sb3_vaco.common.lag_spec import PolicyLagSpec
 from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio, tv_filtered_surrogate
 
@@ -178,10 +177,6 @@ class VACO(AlignedOnPolicyAlgorithm):
 
     def _check_hyperparameters(self) -> None:
         super()._check_hyperparameters()
-        check_positive("tv_threshold", self.tv_threshold)
-        for name in ("ratio_bound", "tv_behavior_limit"):
-            if getattr(self, name) is not None:
-                check_positive(name, getattr(self, name))
         if self.tv_reference not in TV_REFERENCES:
             raise ValueError(f"`tv_reference` must be one of {', '.join(map(repr, TV_REFERENCES))}; got {self.tv_reference!r}")
 

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-#: The folder holding the ``sb3_vaco`` package: the repository root when it is imported from a checkout.
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+#: The checkout the lab belongs to (``scripts/vaco_lab/`` is two levels below its root).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Distributions whose versions every record carries.
 VERSIONED_PACKAGES = ("stable_baselines3", "sb3_vaco", "torch", "gymnasium", "mujoco", "rl_zoo3", "numpy")
 
@@ -63,6 +63,21 @@ def git_revision() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return commit + ("+dirty" if status else "")
+
+
+def check_checkout() -> None:
+    """
+    Raise ``RuntimeError`` unless ``sb3_vaco`` is imported from this checkout: a record's git revision must name the
+    code that ran. From another checkout (a ``git worktree`` at a fixed commit), run with ``PYTHONPATH`` set to it.
+    """
+    import sb3_vaco
+
+    package_root = Path(sb3_vaco.__file__).resolve().parents[1]
+    if package_root != REPO_ROOT:
+        raise RuntimeError(
+            f"sb3_vaco is imported from {package_root}, not from this checkout {REPO_ROOT}: "
+            f"run with PYTHONPATH={REPO_ROOT} (or install this checkout) so that the records name the code that ran"
+        )
 
 
 def command_line() -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from sb3_vaco.bench.common import lag_label, parse_lag, parse_seeds
+from vaco_lab.common import lag_label, parse_lag, parse_seeds
 
 BASE_UPDATE = "base"
 DEFAULT_N_EVAL_EPISODES = 10

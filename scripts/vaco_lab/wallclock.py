@@ -34,8 +34,8 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from sb3_vaco.bench.analysis import load_runs, markdown_table, palette_colors
-from sb3_vaco.bench.common import RESULT_FILE, atomic_write_text
+from vaco_lab.analysis import load_runs, markdown_table, palette_colors
+from vaco_lab.common import RESULT_FILE, atomic_write_text
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -60,7 +60,7 @@ def load_timed_runs(
     """
     The finished runs whose evaluations are timed, with their curves; and the runs left out (no ``eval["wall_s"]``).
 
-    :return: the runs table (:func:`~sb3_vaco.bench.analysis.load_runs`'s, plus ``method``, ``setting``,
+    :return: the runs table (:func:`~vaco_lab.analysis.load_runs`'s, plus ``method``, ``setting``,
         ``train_s`` and ``train_steps_per_s``), each run's curve (``timesteps``, ``return``, ``wall_s``,
         ``train_s``) keyed by ``(env, algorithm, lag, seed)``, and the left-out runs' folders
     """

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 
-from sb3_vaco.bench.common import (
+from sb3_vaco.zoo import ZOO_ALGOS, config_file
+from vaco_lab.common import (
     PROGRESS_FILE,
     RESULT_FILE,
     LagSetting,
@@ -43,8 +44,7 @@ from sb3_vaco.bench.common import (
     use_one_thread,
     zoo_entry,
 )
-from sb3_vaco.bench.grids import BASE_UPDATE, RELATIVE_VALUE, Grid, UpdateSetting, Variant
-from sb3_vaco.zoo import ZOO_ALGOS, config_file
+from vaco_lab.grids import BASE_UPDATE, RELATIVE_VALUE, Grid, UpdateSetting, Variant
 
 ERROR_FILE = "error.log"
 SCHEMA_VERSION = 1

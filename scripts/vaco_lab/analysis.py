@@ -1,5 +1,5 @@
 """
-Aggregate benchmark grids written by :mod:`sb3_vaco.bench.runner`: rliable metrics (IQM, mean, median, optimality
+Aggregate benchmark grids written by :mod:`vaco_lab.runner`: rliable metrics (IQM, mean, median, optimality
 gap) with stratified-bootstrap 95% confidence intervals, probability of improvement over a reference algorithm at
 each lag, score ratios, learning curves and score-vs-lag plots, and a markdown report (:func:`analyze`).
 
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from rliable import metrics
 
-from sb3_vaco.bench.common import PROGRESS_FILE, RESULT_FILE, atomic_write_text, lag_sort_key
+from vaco_lab.common import PROGRESS_FILE, RESULT_FILE, atomic_write_text, lag_sort_key
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

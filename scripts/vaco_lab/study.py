@@ -7,7 +7,7 @@ The variant study's two summary plots (issue 7, ``docs/study.md``), drawn from t
   band at the same lag.
 
 Each point is the mean final evaluation over the cell's seeds with the stratified-bootstrap 95 % CI of the mean (the
-same as :mod:`sb3_vaco.bench.analysis`); ``study_points.csv`` holds every plotted value with its n. Cells that were
+same as :mod:`vaco_lab.analysis`); ``study_points.csv`` holds every plotted value with its n. Cells that were
 not run are left out, not filled in.
 """
 
@@ -18,8 +18,8 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from sb3_vaco.bench.analysis import CI_LEVEL, load_runs, palette_colors, stratified_bootstrap
-from sb3_vaco.bench.common import lag_sort_key
+from vaco_lab.analysis import CI_LEVEL, load_runs, palette_colors, stratified_bootstrap
+from vaco_lab.common import lag_sort_key
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
