@@ -11,11 +11,11 @@ Examples::
     python scripts/benchmark.py --grid main --dry-run          # list the runs (and which are done), run nothing
     python scripts/benchmark.py --grid robust_screen --workers 2
     python scripts/benchmark.py --grid main --envs Hopper-v5 --lags 4 --seeds 0-1   # part of a grid
-    python scripts/benchmark.py --envs Hopper-v5 --variants vaco lagged_ppo "vaco:tv_threshold=0.05,tv_reference=learner" \\
+    python scripts/benchmark.py --envs Hopper-v5 --variants vaco lagged_ppo "vaco:tv_threshold=0.05,tv_reference=behavior" \\
         --lags 0 4 0-8 --seeds 0-4 --n-timesteps 300000 --eval-freq 20000 --out results/my_grid
 
 Output, per run: ``<out>/<env>/<algorithm>/lag<L>/seed<S>/result.json`` (eval curve, scores, timing,
-hyperparameters, versions) and ``progress.csv`` (one row per iteration: lag and TV statistics, losses).
+hyperparameters, versions) and ``progress.csv.gz`` (one row per iteration: lag and TV statistics, losses).
 ``docs/benchmarks.md`` describes both; the runner is :mod:`vaco_lab.runner`.
 """
 

@@ -1,5 +1,5 @@
 """
-The variant study's two summary plots (issue 7, ``docs/study.md``) from the committed runs: score against the lag per
+The variant study's two summary plots (``docs/study.md``) from the committed runs: score against the lag per
 VACO form (``score_vs_lag_variants.png``) and score against the TV budget δ (``delta_sensitivity.png``), with every
 plotted value in ``study_points.csv``. The plots are :mod:`vaco_lab.study`'s::
 

@@ -36,16 +36,19 @@ ALGORITHMS: tuple[type[BaseAlgorithm], ...] = (
 
 #: A one-layer network of 16 units: enough to learn CartPole a little, cheap to train on one thread
 TINY_NET = dict(net_arch=[16])
+#: The tiny settings of the PPO-shaped algorithms (test modules override single keys, never redefine them):
+#: rollouts of 32 steps per env, minibatches of 16, two passes
+TINY: dict[str, Any] = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=TINY_NET)
 
 
 def tiny_settings(algo: type[BaseAlgorithm]) -> dict[str, Any]:
-    """Settings for a few cheap updates of ``algo``: rollouts of 32 steps per env, minibatches of 16, two passes."""
-    settings: dict[str, Any] = dict(n_steps=32, policy_kwargs=TINY_NET)
+    """:data:`TINY` in the terms of ``algo`` (TRPO has critic updates instead of epochs; IMPALA one batch per pass)."""
     if issubclass(algo, LaggedTRPO):
-        return {**settings, "batch_size": 16, "n_critic_updates": 2, "cg_max_steps": 5}
+        return {"n_steps": TINY["n_steps"], "batch_size": TINY["batch_size"], "policy_kwargs": TINY_NET,
+                "n_critic_updates": 2, "cg_max_steps": 5}  # fmt: skip
     if issubclass(algo, IMPALA):
-        return {**settings, "n_epochs": 2}
-    return {**settings, "batch_size": 16, "n_epochs": 2}
+        return {key: value for key, value in TINY.items() if key != "batch_size"}
+    return dict(TINY)
 
 
 @pytest.fixture(autouse=True)

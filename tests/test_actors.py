@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from conftest import TINY as SHARED_TINY
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
@@ -27,7 +28,7 @@ from sb3_vaco import VACO, LaggedPPO
 from sb3_vaco.actors.base import ActorStartupError
 from sb3_vaco.actors.worker import load_payload, make_payload
 
-TINY = dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
+TINY = {**SHARED_TINY, "batch_size": 32, "seed": 0}  # one minibatch per segment of 32 steps
 ACTORS = dict(n_actors=2, actor_backend_kwargs=dict(n_envs_per_actor=2))
 UNPICKLABLE = threading.Lock()
 LAG_KEYS = (

@@ -225,7 +225,7 @@ def test_grids_file_builds_with_todays_options() -> None:
 
 def test_grid_folders_and_run_names_are_kept() -> None:
     # Committed results and interrupted grids are found by these folders and names.
-    # Every committed run of issue 20's screen whose variant still runs (options retired since leave their runs
+    # Every committed run of the robustness screen whose variant still runs (options retired since leave their runs
     # committed) is a run of its grid, so rerunning the grid resumes it
     robust = runner.grid_runs(GRIDS.grid("robust_screen"), REPO, {})
     assert {run.out_dir for run in robust} == {REPO / "results" / "robust"}
@@ -292,7 +292,7 @@ def test_grid_results(grid_dir: Path) -> None:
         "CartPole-v1/vaco/lag0-2/seed0",
     ]
     # Only the two small records per run: no model zips, monitors or scratch files.
-    assert sorted({path.name for path in grid_dir.rglob("*") if path.is_file()}) == ["progress.csv", "result.json"]
+    assert sorted({path.name for path in grid_dir.rglob("*") if path.is_file()}) == ["progress.csv.gz", "result.json"]
 
     for run_dir in run_dirs:
         result = json.loads((run_dir / "result.json").read_text())
@@ -313,7 +313,7 @@ def test_grid_results(grid_dir: Path) -> None:
         assert {"stable_baselines3", "sb3_vaco", "torch", "gymnasium"} <= set(result["versions"])
         assert "scripts/benchmark.py" in result["command"] and result["grid"] == "tiny"
 
-        progress = pd.read_csv(run_dir / "progress.csv")
+        progress = pd.read_csv(run_dir / "progress.csv.gz")
         assert progress["timesteps"].tolist() == [256, 512, 768, 1024]
         assert (progress["rollout/policy_lag_max"] <= 2).all()
         assert (progress["rollout/policy_lag_mean"].iloc[1:] > 0).any()
@@ -321,7 +321,7 @@ def test_grid_results(grid_dir: Path) -> None:
         assert progress["train/n_updates"].tolist() == [20, 40, 60, 80]
         assert progress["train/tv_behavior"].notna().all()
 
-    vaco_progress = pd.read_csv(grid_dir / "CartPole-v1/vaco/lag0-2/seed0/progress.csv")
+    vaco_progress = pd.read_csv(grid_dir / "CartPole-v1/vaco/lag0-2/seed0/progress.csv.gz")
     assert {"train/tv_estimate", "train/filtered_fraction", "train/approx_kl"} <= set(vaco_progress.columns)
 
 
@@ -392,7 +392,7 @@ def test_run_diagnostics_summarize_progress(grid_dir: Path) -> None:
     # Mean lag over the iterations, the largest lag of the run, and a running count's last value
     runs, _ = analysis.load_runs([grid_dir])
     for run in runs.itertuples(index=False):
-        progress = pd.read_csv(Path(run.path) / "progress.csv")
+        progress = pd.read_csv(Path(run.path) / "progress.csv.gz")
         row = runs.set_index("path").loc[run.path]
         assert row["measured lag"] == pytest.approx(progress["rollout/policy_lag_mean"].mean())
         assert row["max lag"] == progress["rollout/policy_lag_max"].max() <= 2

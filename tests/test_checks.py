@@ -4,8 +4,8 @@ import inspect
 import math
 
 import pytest
-
 from conftest import ALGORITHMS
+
 from sb3_vaco.common.checks import HYPERPARAMETERS, Rule, check_hyperparameters
 
 

@@ -4,6 +4,7 @@ import random
 import numpy as np
 import pytest
 import torch as th
+from conftest import TINY as SHARED_TINY
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
@@ -13,7 +14,8 @@ from sb3_vaco.common.lag_spec import parse_policy_lag
 from sb3_vaco.common.policy_lag import PolicyLag
 from sb3_vaco.common.ring import SnapshotRing
 
-TINY = dict(n_steps=16, batch_size=16, n_epochs=2, learning_rate=1e-2, policy_kwargs=dict(net_arch=[16]), seed=0)
+# One minibatch per rollout and a large step, so that consecutive policy versions differ clearly
+TINY = {**SHARED_TINY, "n_steps": 16, "learning_rate": 1e-2, "seed": 0}
 
 
 class RecordRollouts(BaseCallback):

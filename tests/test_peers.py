@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch as th
+from conftest import TINY_NET
 from sb3_contrib import TRPO
 from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.env_util import make_vec_env
@@ -11,7 +12,7 @@ from stable_baselines3.common.logger import configure
 from sb3_vaco import APPO, IMPALA, DecoupledPPO, LaggedTRPO
 from sb3_vaco.common.losses import appo_surrogate, clipped_surrogate, vtrace_policy_gradient_loss
 
-NET = dict(policy_kwargs=dict(net_arch=[16]))
+NET = dict(policy_kwargs=TINY_NET)
 
 
 def params_of(model) -> list[th.Tensor]:

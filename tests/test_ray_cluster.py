@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import TINY as SHARED_TINY
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
@@ -25,7 +26,7 @@ ray = pytest.importorskip("ray", reason="the Ray cluster test needs Ray (pip ins
 import ray_cluster  # noqa: E402 - scripts/ is on the test path (pyproject.toml)
 
 TOTAL_TIMESTEPS = 2048  # 32 batches of 2 segments of 32 steps x 1 env
-TINY = dict(n_steps=32, batch_size=32, n_epochs=2, policy_kwargs=dict(net_arch=[16]), seed=0)
+TINY = {**SHARED_TINY, "batch_size": 32, "seed": 0}  # one minibatch per segment of 32 steps
 # The GCS checks each raylet every second (default 3 s) and declares it dead after 5 failed checks.
 HEAD_ENV = {"RAY_health_check_period_ms": "1000"}
 # Results above 1,000 bytes (default 100 KiB) go through the object store of the actor's node, as real segments

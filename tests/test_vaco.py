@@ -2,6 +2,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from conftest import TINY
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
@@ -20,8 +21,6 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_vaco import APPO, IMPALA, PPOKL, SPO, VACO, DecoupledPPO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
-
-TINY = dict(n_steps=32, batch_size=16, n_epochs=2, policy_kwargs=dict(net_arch=[16]))
 
 
 def params_of(model) -> list[th.Tensor]:
@@ -326,12 +325,18 @@ def test_behavior_limited_budget_shrinks_with_the_measured_lag():
 
 
 def test_default_budget_stops_the_learner_far_from_its_data():
-    """The default limit τ = 0.1: past it the budget is 0 and every minibatch after the first step is filtered."""
-    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=3, learning_rate=3e-2, **TINY)
+    """
+    The default limit τ = 0.1: once the learner is more than τ from its data the budget is 0, and every minibatch
+    after the update's first gradient step (where π_θ = π_T and the TV estimate is 0) is filtered.
+    """
+    model = VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=8, learning_rate=0.3, **TINY)
     assert model.tv_behavior_limit == 0.1 and VACO.PAPER["tv_behavior_limit"] is None
-    model.learn(TINY["n_steps"] * 6)
+    model.learn(TINY["n_steps"] * 12)
     values = model.logger.name_to_value
-    assert values["train/tv_threshold"] == pytest.approx(0.05 * max(0.0, 1 - values["train/tv_behavior"] / 0.1))
+    assert values["train/tv_behavior"] > 0.1
+    assert values["train/tv_threshold"] == 0.0
+    minibatches = TINY["n_epochs"] * TINY["n_steps"] // TINY["batch_size"]
+    assert values["train/filter_active_fraction"] == pytest.approx(1 - 1 / minibatches)
 
 
 def test_ess_fraction_is_kish_effective_sample_size():

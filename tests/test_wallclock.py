@@ -1,5 +1,5 @@
 """
-Wall-clock to a return (issue 22): the latency wrapper, the zoo's actors stepping the zoo's wrapped env, the runner's
+Wall-clock to a return : the latency wrapper, the zoo's actors stepping the zoo's wrapped env, the runner's
 eval timing with actors, the ``wallclock`` grid, and the wall-clock analysis on synthetic results.
 """
 
@@ -122,7 +122,7 @@ def test_actor_run_records_timed_evaluations(tmp_path: Path) -> None:
     wall, spent = np.array(evaluations["wall_s"]), np.array(evaluations["eval_time_s"])
     assert len(wall) == len(spent) == 2 and spent[0] == 0 and (np.diff(spent) > 0).all()
     assert 0 < wall[0] < wall[1] <= result["learn_time_s"] and (np.diff(wall - spent) > 0).all()
-    progress = pd.read_csv(spec.run_dir / "progress.csv")
+    progress = pd.read_csv(spec.run_dir / "progress.csv.gz")
     assert (progress["rollout/policy_lag_mean"] >= 0).all() and "rollout/actor_wait_time" in progress
     assert "LatencyWrapper" in result["hyperparams"]["resolved"]["actor_backend_kwargs"]["env_fn"]
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from rliable import metrics
 
-from vaco_lab.common import PROGRESS_FILE, RESULT_FILE, atomic_write_text, lag_sort_key
+from vaco_lab.common import PLAIN_PROGRESS_FILE, PROGRESS_FILE, RESULT_FILE, atomic_write_text, lag_sort_key
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -103,8 +103,8 @@ def load_runs(
         row.update(final=record["final_score"], auc=record["auc_score"], cpu_time_s=record.get("cpu_time_s", np.nan))
         row["path"] = str(path.parent)
         row.update({f"version {name}": version for name, version in record["versions"].items()})
-        progress_path = path.parent / PROGRESS_FILE
-        progress = pd.read_csv(progress_path) if progress_path.exists() else pd.DataFrame()
+        progress_paths = [path.parent / name for name in (PROGRESS_FILE, PLAIN_PROGRESS_FILE) if (path.parent / name).exists()]
+        progress = pd.read_csv(progress_paths[0]) if progress_paths else pd.DataFrame()
         for name, (column, reduction) in DIAGNOSTICS.items():
             values = progress[column].dropna() if column in progress else pd.Series(dtype=float)
             row[name] = float(values.iloc[-1] if reduction == "last" else values.agg(reduction)) if len(values) else np.nan

@@ -5,7 +5,7 @@ hyperparameters are applied on top like the zoo's ``-params``. Runs execute in s
 torch thread each. A run whose ``result.json`` exists is skipped, so running a grid again resumes it.
 
 Output, per run: ``<out>/<env>/<algorithm>/lag<L>/seed<S>/result.json`` (eval curve, with each evaluation's
-wall-clock time since the start of ``learn()``; scores, timing, hyperparameters, versions) and ``progress.csv`` (one
+wall-clock time since the start of ``learn()``; scores, timing, hyperparameters, versions) and ``progress.csv.gz`` (one
 row per iteration: lag and TV statistics, losses).
 """
 
@@ -538,7 +538,7 @@ def execute_run(spec: RunSpec) -> RunOutcome:
 def run_in_scratch(spec: RunSpec) -> RunOutcome:
     """
     Train in a scratch folder (zoo logs, models and monitors stay there and are deleted), then write
-    ``progress.csv`` and, last, ``result.json`` atomically. A failure leaves ``error.log`` and no result.
+    ``progress.csv.gz`` and, last, ``result.json`` atomically. A failure leaves ``error.log`` and no result.
     """
     start, cwd = time.perf_counter(), os.getcwd()
     with tempfile.TemporaryDirectory(prefix="sb3_vaco_bench_") as scratch:

@@ -1,5 +1,5 @@
 """
-The variant study's two summary plots (issue 7, ``docs/study.md``), drawn from the committed runs (:func:`study_plots`):
+The variant study's two summary plots (``docs/study.md``), drawn from the committed runs (:func:`study_plots`):
 
 * ``score_vs_lag_variants.png``: final score against the lag per env for every VACO form measured at two lags or
   more, with LaggedPPO beside them;

@@ -342,8 +342,8 @@ def analyze_wallclock(
     runs, curves, skipped = load_timed_runs(results_dirs, reference_lag, envs, lags)
     if skipped:
         print(
-            f"Wall-clock analysis: {len(skipped)} run(s) without eval timing (eval.wall_s, recorded by the runner since "
-            f"issue 22) left out, e.g. {skipped[0]}"
+            f"Wall-clock analysis: {len(skipped)} run(s) without eval timing (eval.wall_s, which older records lack) "
+            f"left out, e.g. {skipped[0]}"
         )
     if runs.empty:
         print("Wall-clock analysis: no run with eval timing (eval.wall_s): nothing written")
