@@ -1,5 +1,5 @@
 from sb3_vaco.baselines import PPOKL, SPO, VACOAlignOnly, VACOFilterOnly
-from sb3_vaco.lagged import LaggedPPO, LaggedTRPO
+from sb3_vaco.lagged import LaggedMaskablePPO, LaggedPPO, LaggedTRPO
 from sb3_vaco.peers import APPO, IMPALA, DecoupledPPO
 from sb3_vaco.vaco import VACO
 from sb3_vaco.version import __version__
@@ -11,6 +11,7 @@ __all__ = [
     "SPO",
     "VACO",
     "DecoupledPPO",
+    "LaggedMaskablePPO",
     "LaggedPPO",
     "LaggedTRPO",
     "VACOAlignOnly",

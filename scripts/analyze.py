@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reference-lag", default="0", help="lag setting of the normalization reference")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples per CI")
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    parser.add_argument("--summary", action="store_true", help="print summary.md, the verdict table, when done")
     parser.add_argument(
         "--wallclock", action="store_true", help="also the wall-clock analysis (wallclock.md, .csv, _curves.png) of timed runs"
     )
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = args.out or args.results_dirs[0] / "analysis"
     runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs, args.lags)
     print(f"Analyzed {len(runs)} runs: {out_dir / 'results.md'}")
+    if args.summary:
+        print((out_dir / "summary.md").read_text())
     if args.wallclock:
         reach = analyze_wallclock(
             args.results_dirs, out_dir, args.reference, args.reference_lag, args.thresholds, args.envs, args.lags

@@ -277,10 +277,10 @@ def test_unknown_hyperparameter_fails_before_running(tmp_path: Path) -> None:
 def test_demo_grid_dry_run(tmp_path: Path) -> None:
     # scripts/main_job.sh's grid, into a fresh folder
     dry_run = run_script("benchmark.py", "--grid", "demo", "--out", str(tmp_path), "--dry-run").stdout
-    assert "[todo] Hopper-v5/vaco/lag0/seed0" in dry_run and "[todo] Hopper-v5/lagged_ppo/lag4/seed1" in dry_run
-    assert "8 runs, 0 done, 8 to run (400,000 env steps)" in dry_run
+    assert "[todo] Swimmer-v5/vaco/lag0/seed0" in dry_run and "[todo] Swimmer-v5/lagged_ppo/lag0-16/seed2" in dry_run
+    assert "12 runs, 0 done, 12 to run (1,800,000 env steps)" in dry_run
     one_seed = run_script("benchmark.py", "--grid", "demo", "--seeds", "3", "--out", str(tmp_path), "--dry-run").stdout
-    assert "seed3" in one_seed and "seed0" not in one_seed and "4 runs, 0 done, 4 to run (200,000 env steps)" in one_seed
+    assert "seed3" in one_seed and "seed0" not in one_seed and "4 runs, 0 done, 4 to run (600,000 env steps)" in one_seed
     assert "demo" in run_script("benchmark.py", "--list").stdout
     assert "No grid 'nope'" in run_script("benchmark.py", "--grid", "nope", returncode=2).stderr
 

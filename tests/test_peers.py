@@ -4,12 +4,15 @@ import numpy as np
 import pytest
 import torch as th
 from conftest import TINY_NET
-from sb3_contrib import TRPO
+from sb3_contrib import TRPO, MaskablePPO
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+from sb3_contrib.common.maskable.utils import get_action_masks
 from stable_baselines3 import A2C, PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
-from sb3_vaco import APPO, IMPALA, DecoupledPPO, LaggedTRPO
+from sb3_vaco import APPO, IMPALA, DecoupledPPO, LaggedMaskablePPO, LaggedTRPO
 from sb3_vaco.common.losses import appo_surrogate, clipped_surrogate, vtrace_policy_gradient_loss
 
 NET = dict(policy_kwargs=TINY_NET)
@@ -147,3 +150,60 @@ def test_appo_kl_coefficient_adapts_as_rllib():
 def test_invalid_peer_hyperparameters_name_the_parameter(algo, kwargs, parameter):
     with pytest.raises(ValueError, match=parameter):
         algo("MlpPolicy", "CartPole-v1", **kwargs)
+
+
+# ----- sb3-contrib's MaskablePPO under lag ---------------------------------------------------------------------------
+
+
+def masked_env(seed: int = 0):
+    return make_vec_env(lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10), n_envs=2, seed=seed)
+
+
+def test_lagged_maskable_ppo_without_lag_is_maskable_ppo():
+    kwargs = dict(n_steps=32, batch_size=16, n_epochs=2, seed=3, **NET)
+    models = [algo("MlpPolicy", masked_env(3), **kwargs).learn(256) for algo in (MaskablePPO, LaggedMaskablePPO)]
+    assert max_param_difference(*models) == 0.0
+    lagged = LaggedMaskablePPO("MlpPolicy", masked_env(3), policy_lag=2, **kwargs).learn(256)
+    assert max_param_difference(models[0], lagged) > 0.0
+
+
+class RecordMaskedRollouts(BaseCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollouts: list[dict[str, np.ndarray]] = []
+
+    def _on_rollout_end(self) -> None:
+        buffer = self.model.rollout_buffer
+        self.rollouts.append({name: getattr(buffer, name).copy() for name in ("actions", "action_masks", "behavior_versions")})
+
+    def _on_step(self) -> bool:
+        return True
+
+
+def test_stale_policies_act_with_the_action_masks(tmp_path):
+    """Under lag the stale policies act with each step's masks, the buffer keeps them, and MaskablePPO loads the model."""
+    model = LaggedMaskablePPO("MlpPolicy", masked_env(), policy_lag=3, n_steps=32, batch_size=16, seed=0, **NET)
+    recorder = RecordMaskedRollouts()
+    model.learn(32 * 2 * 8, callback=recorder)
+    last = recorder.rollouts[-1]
+    assert int(last["behavior_versions"].max()) == len(recorder.rollouts) - 1 - 3  # acted by the version 3 updates back
+    for rollout in recorder.rollouts:
+        actions = rollout["actions"].astype(int).reshape(-1)
+        masks = rollout["action_masks"].reshape(len(actions), -1)
+        assert masks[np.arange(len(actions)), actions].all(), "a stale policy took a masked action"
+        assert (masks.sum(axis=1) == 10).all()  # the env's masks were stored, not the buffer's all-ones default
+    assert 0.0 < model.logger.name_to_value["train/tv_behavior"] < 1.0
+    model.save(tmp_path / "model.zip")
+    parent = MaskablePPO.load(tmp_path / "model.zip")
+    observations, masks = model.get_env().reset(), get_action_masks(model.get_env())
+    np.testing.assert_array_equal(
+        model.predict(observations, action_masks=masks, deterministic=True)[0],
+        parent.predict(observations, action_masks=masks, deterministic=True)[0],
+    )
+    loaded = LaggedMaskablePPO.load(tmp_path / "model.zip", env=masked_env())
+    assert loaded._policy_lag.ring.versions == model._policy_lag.ring.versions
+
+
+def test_lagged_maskable_ppo_refuses_actors():
+    with pytest.raises(ValueError, match="n_actors"):
+        LaggedMaskablePPO("MlpPolicy", masked_env(), n_actors=2)

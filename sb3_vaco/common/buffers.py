@@ -85,13 +85,14 @@ class LaggedRolloutBuffer(RolloutBuffer):
     def flat_observations(self) -> Observation:
         """All observations as ``[n_steps * n_envs, ...]`` in the buffer's current layout (see :meth:`time_major`)."""
         if isinstance(self.observations, dict):
-            return {key: self._flat(obs) for key, obs in self.observations.items()}
-        return self._flat(self.observations)
+            return {key: self.flat_array(obs) for key, obs in self.observations.items()}
+        return self.flat_array(self.observations)
 
     def flat_actions(self) -> np.ndarray:
-        return self._flat(self.actions)
+        return self.flat_array(self.actions)
 
-    def _flat(self, array: np.ndarray) -> np.ndarray:
+    def flat_array(self, array: np.ndarray) -> np.ndarray:
+        """A per-step array of the buffer (``[n_steps, n_envs, ...]`` before ``get()``) as ``[n_steps * n_envs, ...]``."""
         if self.generator_ready:
             return array
         return array.reshape(self.buffer_size * self.n_envs, *array.shape[2:])

@@ -62,6 +62,7 @@ class RolloutWriter:
         log_probs: th.Tensor,
         behavior_versions: np.ndarray,
         behavior_terminal_value: Callable[[int, Observation], th.Tensor | float],
+        buffer_inputs: dict[str, np.ndarray] | None = None,
     ) -> bool:
         """
         SB3's step after ``env.step()``: count the transitions, call the callbacks, update the episode-info buffer,
@@ -79,6 +80,7 @@ class RolloutWriter:
         :param behavior_versions: the policy version that acted, per env
         :param behavior_terminal_value: ``(env index, terminal observation) -> V_μ(terminal observation)`` of the
             policy that acted in that env (used when truncations are bootstrapped at collection time)
+        :param buffer_inputs: more per-step arrays the buffer stores (MaskablePPO's ``action_masks``)
         :return: False if a callback stopped training
         """
         model = self.model
@@ -112,6 +114,7 @@ class RolloutWriter:
             values,
             log_probs,
             behavior_version=behavior_versions,  # lag: which policy version acted
+            **(buffer_inputs or {}),
         )
         return True
 

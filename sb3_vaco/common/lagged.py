@@ -8,7 +8,7 @@ loaders do not trip on it.
 import io
 import pathlib
 import warnings
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch as th
@@ -54,8 +54,10 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     * it is an :class:`~stable_baselines3.common.on_policy_algorithm.OnPolicyAlgorithm` with an
       :class:`~stable_baselines3.common.policies.ActorCriticPolicy` (``policy(obs)`` returns actions, values and
       log-probs, ``evaluate_actions`` and ``predict_values`` exist);
-    * it keeps SB3's ``collect_rollouts`` and stores nothing per step beyond SB3's ``RolloutBuffer`` fields (a host
-      that overrides collection to store more, such as MaskablePPO's action masks, needs its own buffer and step);
+    * its collection is SB3's ``collect_rollouts`` (the mixin's marked copy replaces it), or SB3's plus per-step
+      inputs of the policy that the buffer stores: such a host names its buffers in ``lagged_buffer_classes`` (its own
+      buffer class combined with :class:`LaggedRolloutBuffer`) and returns the inputs from ``_policy_inputs`` and
+      ``_evaluation_inputs`` (``LaggedMaskablePPO``: the action masks);
     * its ``train()`` reads the buffer only through ``rollout_buffer.get()`` and ``RolloutBufferSamples`` fields:
       under lag ``old_log_prob`` is then the behavior policy's log-prob and the advantages are GAE with the behavior
       critics, which is what the naive asynchronous version of the host does.
@@ -80,6 +82,11 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
     """
 
     bootstrap_at_train_time: bool = False
+    #: The rollout buffers (flat observations, Dict observations) that the mixin gives the host when it names none
+    lagged_buffer_classes: ClassVar[tuple[type[LaggedRolloutBuffer], type[LaggedRolloutBuffer]]] = (
+        LaggedRolloutBuffer,
+        LaggedDictRolloutBuffer,
+    )
     policy_lag: PolicyLagSpec
     rollout_buffer: LaggedRolloutBuffer
     _policy_lag: PolicyLag
@@ -110,8 +117,8 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     def _setup_model(self) -> None:
         if self.rollout_buffer_class is None:
-            is_dict = isinstance(self.observation_space, spaces.Dict)
-            self.rollout_buffer_class = LaggedDictRolloutBuffer if is_dict else LaggedRolloutBuffer
+            flat_buffer, dict_buffer = self.lagged_buffer_classes
+            self.rollout_buffer_class = dict_buffer if isinstance(self.observation_space, spaces.Dict) else flat_buffer
         self._setup_actors()
         super()._setup_model()
         if not issubclass(self.rollout_buffer_class, LaggedRolloutBuffer):
@@ -163,10 +170,21 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             chunk_actions = th.as_tensor(actions[rows].astype(np.float32, copy=False), device=self.device)
             if isinstance(self.action_space, spaces.Discrete):
                 chunk_actions = chunk_actions.long().flatten()
-            chunk_values, chunk_log_probs, _ = self.policy.evaluate_actions(obs_as_tensor(obs, self.device), chunk_actions)
+            chunk_obs, inputs = obs_as_tensor(obs, self.device), self._evaluation_inputs(rows)
+            chunk_values, chunk_log_probs, _ = self.policy.evaluate_actions(chunk_obs, chunk_actions, **inputs)
             values[rows] = chunk_values.flatten().cpu().numpy()
             log_probs[rows] = chunk_log_probs.cpu().numpy()
         return values, log_probs
+
+    # ----- what a host with more per-step inputs (MaskablePPO's action masks) overrides --------------------------------
+
+    def _policy_inputs(self, env: VecEnv) -> dict[str, np.ndarray]:
+        """More inputs of the acting policies' forward pass at this step, stored with it in the buffer (none)."""
+        return {}
+
+    def _evaluation_inputs(self, rows: slice) -> dict[str, Any]:
+        """More inputs of ``policy.evaluate_actions`` for the stored samples ``rows`` (flat layout) of the rollout."""
+        return {}
 
     # ----- save / load: SB3's checkpoint, and the lag state in a member that SB3's loaders skip -------------------
 
@@ -175,7 +193,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         # next learn(). The rollout buffer class the mixin chose is not saved, so that the host's own load()
         # (PPO.load) of the checkpoint builds the host's buffer.
         excluded = [*super()._excluded_save_params(), "_policy_lag", "_actors", "_actor_settings"]
-        if self.rollout_buffer_class in (LaggedRolloutBuffer, LaggedDictRolloutBuffer):
+        if self.rollout_buffer_class in self.lagged_buffer_classes:
             excluded.append("rollout_buffer_class")
         return excluded
 
@@ -278,7 +296,8 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
             with th.no_grad():
                 # Convert to pytorch tensor or to TensorDict
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                action_tensor, values, log_probs = lag.act(obs_tensor)  # lag: behavior policies act
+                policy_inputs = self._policy_inputs(env)  # lag: e.g. MaskablePPO's action masks
+                action_tensor, values, log_probs = lag.act(obs_tensor, **policy_inputs)  # lag: behavior policies act
             actions = action_tensor.cpu().numpy()
 
             # Rescale and perform action (lag: SB3's rescaling / clipping, shared with the actors)
@@ -299,6 +318,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
                 log_probs,
                 lag.env_versions,  # lag: which policy version acted
                 lag.terminal_value,  # lag: the critic of the policy that acted in the env
+                policy_inputs,
             ):
                 return False
             n_steps += 1

@@ -133,16 +133,23 @@ class PolicyLag:
         for policy, env_indices in self.groups:
             policy.reset_noise(len(env_indices))
 
-    def act(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """Actions, behavior values and behavior log-probs for all envs, each env acting with its version."""
+    def act(self, obs: PyTorchObs, **policy_inputs: np.ndarray) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """
+        Actions, behavior values and behavior log-probs for all envs, each env acting with its version.
+
+        :param obs: the observations of all envs
+        :param policy_inputs: more per-env inputs of the policy's forward pass, first axis the env (MaskablePPO's
+            ``action_masks``)
+        """
         if len(self.groups) == 1:
-            return self.groups[0][0](obs)
+            return self.groups[0][0](obs, **policy_inputs)
         n_envs = len(self.env_versions)
         actions: th.Tensor | None = None
         values = th.zeros((n_envs, 1), device=self.groups[0][1].device)
         log_probs = th.zeros(n_envs, device=values.device)
         for policy, env_indices in self.groups:
-            group_actions, group_values, group_log_probs = policy(_index_obs(obs, env_indices))
+            group_inputs = {name: value[env_indices.cpu().numpy()] for name, value in policy_inputs.items()}
+            group_actions, group_values, group_log_probs = policy(_index_obs(obs, env_indices), **group_inputs)
             if actions is None:
                 actions = th.zeros((n_envs, *group_actions.shape[1:]), dtype=group_actions.dtype, device=values.device)
             actions[env_indices] = group_actions

@@ -58,6 +58,16 @@ class Interval:
     low: float | None = None
     high: float | None = None
 
+    def verdict(self, higher: str = "better", lower: str = "worse") -> str:
+        """What the CI of a ratio says: ``higher`` above 1, ``lower`` below 1, else no significant difference."""
+        if self.low is None or self.high is None:
+            return "n/a (one run)"
+        if self.low > 1:
+            return higher
+        if self.high < 1:
+            return lower
+        return "no significant difference"
+
     def format(self, digits: int = 3) -> str:
         point = f"{self.value:.{digits}g}"
         if self.low is None or self.high is None:
@@ -283,6 +293,10 @@ def ratio_tables(
                     for score in SCORES:
                         x, y = (frame[[f"{score}_norm"]].to_numpy() for frame in (cell, other))
                         row[score] = stratified_bootstrap(_ratio_of_means, [x, y], reps, rng)
+                    if table is versus_reference:
+                        row["verdict (final)"] = row["final"].verdict()
+                    else:
+                        row["keeps (final)"] = row["final"].verdict("gains", "loses")
                     table.append(row)
     return pd.DataFrame(versus_reference), pd.DataFrame(versus_lag0)
 
@@ -618,6 +632,39 @@ def write_report(
     atomic_write_text(out_dir / "results.md", "\n".join(sections))
 
 
+def summary_table(runs: pd.DataFrame, tables: dict[str, pd.DataFrame], reference: str) -> str:
+    """
+    The short answer, per env, lag and algorithm: mean final returns, the ratio to the reference at the same lag with
+    its CI and what the CI says, and what each keeps of its own lag-0 score.
+    """
+    keeps: dict[tuple[str, str, str], Any] = {}
+    for row in tables["versus_lag0"].to_dict("records"):
+        keeps[(row["env"], row["algorithm"], row["lag"])] = row["final"]
+    rows = []
+    for row in tables["versus_reference"].to_dict("records"):
+        env, algorithm, lag = row["env"], row["algorithm"], row["lag"]
+        cell = runs[(runs["env"] == env) & (runs["lag"] == lag)]
+        mean_final = cell.groupby("algorithm")["final"].mean()
+        rows.append(
+            {
+                "env": env,
+                "lag": lag,
+                "seeds": row["n"],
+                f"{algorithm} / {reference} (final)": f"{mean_final[algorithm]:.0f} / {mean_final[reference]:.0f}",
+                "ratio [95 % CI]": row["final"],
+                "verdict": row["verdict (final)"],
+                f"{algorithm} keeps of its lag 0": keeps.get((env, algorithm, lag), "–"),
+                f"{reference} keeps of its lag 0": keeps.get((env, reference, lag), "–"),
+            }
+        )
+    header = (
+        "Final evaluation returns (means over seeds), the ratio of mean normalized scores with its 95 % stratified-"
+        "bootstrap CI, and the verdict it supports: better or worse when the CI excludes 1, else no significant "
+        "difference. `keeps of its lag 0`: the same ratio against the algorithm's own lag-0 runs.\n\n"
+    )
+    return header + markdown_table(pd.DataFrame(rows))
+
+
 def analyze(
     results_dirs: Sequence[Path],
     out_dir: Path,
@@ -652,6 +699,7 @@ def analyze(
     robustness_rng = np.random.default_rng(seed + 1)
     tables["robustness"] = robustness_table(runs, algorithms, reference, versus_reference, reps, robustness_rng)
     write_report(out_dir, results_dirs, runs, constants, tables, reference, reps)
+    atomic_write_text(out_dir / "summary.md", summary_table(runs, tables, reference))
     plot_score_vs_lag(runs, tables["aggregate"], algorithms, out_dir / "score_vs_lag.png", reps, rng)
     plot_learning_curves(runs, curves, algorithms, out_dir / "learning_curves.png")
     plot_aggregate_intervals(tables["aggregate"], algorithms, out_dir / "aggregate_intervals.png")
