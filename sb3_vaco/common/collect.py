@@ -97,8 +97,7 @@ class RolloutWriter:
             # Reshape in case of discrete action
             actions = actions.reshape(-1, 1)
 
-        # Handle timeout by bootstrapping with value function
-        # see GitHub issue #633
+        # Handle timeout by bootstrapping with value function (a truncated episode is not a terminal state)
         for idx, terminal_obs in time_limit_truncations(dones, infos):
             if self.bootstrap_at_train_time:
                 # lag: keep the observation, the learner's critic bootstraps it at train time

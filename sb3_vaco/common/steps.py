@@ -40,7 +40,8 @@ def env_actions(policy: BasePolicy, actions: np.ndarray) -> np.ndarray:
 def time_limit_truncations(dones: np.ndarray, infos: list[dict[str, Any]]) -> list[tuple[int, Observation]]:
     """
     ``(env index, terminal observation)`` of the envs whose episode a time limit cut at this step: SB3's rule for
-    bootstrapping a timeout with the value function (``OnPolicyAlgorithm.collect_rollouts``, GitHub issue #633).
+    bootstrapping a timeout with the value function (``OnPolicyAlgorithm.collect_rollouts``: a
+    truncated episode is not a terminal state).
 
     :param dones: the ``dones`` of a VecEnv step
     :param infos: its ``infos``
