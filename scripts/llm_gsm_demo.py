@@ -27,7 +27,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,35 +57,82 @@ from vaco_lab.math_task import (
 #: The trainer's default VACO form, which ``--methods vaco`` runs
 DEFAULT_FORM: str = VACOGRPOConfig.vaco_form
 
-#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``); ``vaco`` is ``vaco_<DEFAULT_FORM>``
-METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS))
+#: TRL's own remedies for stale generations (``--methods``), each with TRL's recommended settings (``docs/llm.md``
+#: says where each comes from), run on the stale actor as TRL runs them on vLLM's generations: the ratio to the learner
+#: at generation, off-policy masking on the KL to the stale actor, TRL's default sampler-mismatch correction
+TRL_REMEDIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mis": ("GRPO + TRL's sampler correction (sequence MIS, C=3)", {"loss_type": "dapo"}),
+    "opsm": ("GRPO + off-policy sequence masking", {"loss_type": "dapo", "off_policy_mask_threshold": 0.5}),
+    "cispo": ("CISPO (ε_max=5)", {"loss_type": "cispo", "epsilon_high": 5.0}),
+    "sapo": ("SAPO (τ+=1, τ−=1.05)", {"loss_type": "sapo", "sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}),
+    "gspo": (
+        "GSPO (ε=3e-4, 4e-4)",
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    ),
+    "vespo": ("VESPO", {"loss_type": "vespo", "vllm_importance_sampling_mode": "token_truncate"}),
+}
+
+#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``, ``opsm`` as ``opsm@<δ>``); ``vaco`` is
+#: ``vaco_<DEFAULT_FORM>``
+METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS), *TRL_REMEDIES)
+
+#: ``--lags`` labels besides a number of optimizer steps: generation one batch ahead of training
+ASYNC_LAG = "async"
 
 
 class Method(NamedTuple):
-    """A method of ``--methods``: its canonical name, TRL loss type, VACO form, TV budget and a plot label."""
+    """A method of ``--methods``: its canonical name, TRL loss type, VACO form, TV budget, plot label, TRL settings."""
 
     name: str
     loss_type: str
     form: str
     tv_threshold: float
     label: str
+    settings: Mapping[str, Any] = MappingProxyType({})
 
 
 def parse_method(method: str, args: argparse.Namespace) -> Method:
     """
-    ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε), ``"vaco_<form>"`` (the VACO form at
-    ``--tv-threshold``; ``"vaco"`` is the trainer's default form) or ``"vaco_<form>@δ"`` (at δ).
+    ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε, its ratio taken to the generating policy),
+    ``"vaco_<form>"`` (the VACO form at ``--tv-threshold``; ``"vaco"`` is the trainer's default form),
+    ``"vaco_<form>@δ"`` (at δ), or one of TRL's remedies (:data:`TRL_REMEDIES`; ``"opsm@δ"``: masking at δ).
     """
-    if method == "grpo":
-        return Method("grpo", "dapo", "", math.nan, f"GRPO (TRL default loss, clip ε={args.epsilon})")
     name, at, threshold = method.partition("@")
+    if name == "grpo" and not at:
+        settings: dict[str, Any] = {"loss_type": "dapo", "stale_actor_as": "old_policy"}
+        return Method("grpo", "dapo", "", math.nan, f"GRPO (TRL default loss, clip ε={args.epsilon})", settings)
+    if name in TRL_REMEDIES and (not at or name == "opsm"):
+        label, settings = TRL_REMEDIES[name]
+        if at:
+            settings = settings | {"off_policy_mask_threshold": float(threshold)}
+        if name == "opsm":
+            label = f"{label} (δ={settings['off_policy_mask_threshold']})"
+        return Method(method, settings["loss_type"], "", math.nan, label, settings)
     name = f"vaco_{DEFAULT_FORM}" if name == "vaco" else name
-    if name not in METHODS[1:]:
-        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO")
+    if name not in METHODS[1 : 1 + len(VACO_FORMS)]:
+        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO and opsm")
     tv_threshold = float(threshold) if at else args.tv_threshold
     form = name.removeprefix("vaco_")
     canonical = f"{name}@{threshold}" if at else name
     return Method(canonical, "vaco", form, tv_threshold, f"GRPO+VACO ({form} form, δ={tv_threshold})")
+
+
+def parse_lag(label: str) -> int | str:
+    """A ``--lags`` item: a number of optimizer steps, or ``"async"`` (generation one batch ahead of training)."""
+    if label == ASYNC_LAG:
+        return label
+    try:
+        lag = int(label)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a lag is a number of optimizer steps or {ASYNC_LAG!r}, got {label!r}") from None
+    if lag < 0:
+        raise argparse.ArgumentTypeError(f"a lag is >= 0, got {lag}")
+    return lag
+
+
+def lag_order(lag: int | str) -> tuple[int, int]:
+    """Sort key of lag labels: the numbers in order, then ``"async"``."""
+    return (1, 0) if isinstance(lag, str) else (0, lag)
 
 
 LOG_KEYS = (
@@ -97,6 +146,10 @@ LOG_KEYS = (
     "filter_active_fraction",
     "clip_ratio/region_mean",
     "importance_weight",
+    "sampler_correction",
+    "off_policy_mask/dropped_fraction",
+    "cispo_clip_ratio",
+    "vespo/phi_seq_mean",
     "entropy",
 )
 
@@ -124,6 +177,11 @@ SUMMARY_COLUMNS = (
     "filtered_fraction",
     "importance_weight",
     "wall_s",
+    "sampler_correction",
+    "off_policy_dropped_fraction",
+    "cispo_clip_fraction",
+    "vespo_weight",
+    "settings",
 )
 
 
@@ -136,7 +194,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(METHODS),
         help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_{DEFAULT_FORM}",
     )
-    parser.add_argument("--lags", "--lag", nargs="+", type=int, default=[0, 32], help="policy lags K in optimizer steps")
+    parser.add_argument(
+        "--lags",
+        "--lag",
+        nargs="+",
+        type=parse_lag,
+        default=[0, 32],
+        help=f"policy lags K in optimizer steps, or {ASYNC_LAG!r}: each batch generated while the previous one trains",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     # model and data
     parser.add_argument(
@@ -285,7 +350,7 @@ def load_model_and_data(
 def run_one(
     args: argparse.Namespace,
     method: Method,
-    lag: int,
+    lag: int | str,
     seed: int,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -294,11 +359,12 @@ def run_one(
 ) -> tuple[list[tuple[int, float, float | None]], list[dict[str, Any]], float]:
     """One RL run from a copy of the warmed-up model; returns the accuracy curve, TRL's log and the wall time."""
     output_dir = tempfile.TemporaryDirectory(prefix="vaco_grpo_")  # nothing is saved there (save_strategy="no")
-    config = VACOGRPOConfig(
+    settings: dict[str, Any] = dict(
         output_dir=output_dir.name,
         loss_type=method.loss_type,
-        vaco_form=method.form or "token",  # unused by GRPO (TRL's loss)
-        policy_lag=lag,
+        vaco_form=method.form or "token",  # unused by TRL's losses
+        policy_lag=0 if lag == ASYNC_LAG else lag,
+        generation_ahead=1 if lag == ASYNC_LAG else 0,
         tv_threshold=args.tv_threshold if math.isnan(method.tv_threshold) else method.tv_threshold,
         rho_bar=args.rho_bar,
         importance_sampling_level="token" if method.form == "sequence" else args.importance_sampling_level,
@@ -323,6 +389,7 @@ def run_one(
         use_cpu=not th.cuda.is_available(),
         disable_tqdm=True,
     )
+    config = VACOGRPOConfig(**(settings | dict(method.settings)))
     accuracy = AccuracyCallback(tokenizer, held_out, args)
     policy = copy.deepcopy(model)
     trainer = VACOGRPOTrainer(
@@ -355,11 +422,11 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
         "| sampled last-3 | policy lag | TV(π_T, μ) | clipped / filtered |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    runs: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, int | str, int], list[dict[str, Any]]] = {}
     for row in rows:
         runs.setdefault((row["method"], row["lag"], row["seed"]), []).append(row)
-    aggregate: dict[tuple[str, int], dict[str, list[float]]] = {}
-    for key, run in sorted(runs.items()):
+    aggregate: dict[tuple[str, int | str], dict[str, list[float]]] = {}
+    for key, run in sorted(runs.items(), key=lambda item: (item[0][0], lag_order(item[0][1]), item[0][2])):
         run = sorted(run, key=lambda row: row["step"])
         greedy = [row["accuracy"] for row in run]
         sampled = [row["sampled_accuracy"] for row in run if row["sampled_accuracy"] is not None]
@@ -368,7 +435,7 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
         def logged(name: str, run_logs: list[dict[str, Any]] = run_logs) -> float:
             return _mean([log[name] for log in run_logs if log.get(name) is not None])
 
-        masked = logged("clip_ratio/region_mean") if key[0] == "grpo" else logged("filtered_fraction")
+        masked = logged("filtered_fraction") if key[0].startswith("vaco") else logged("clip_ratio/region_mean")
         stats = aggregate.setdefault(key[:2], {"greedy": [], "sampled": []})
         stats["greedy"].append(_mean(greedy[-3:]))
         stats["sampled"].append(_mean(sampled[-3:]))
@@ -382,7 +449,7 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
         "| method | lag K | greedy last-3, mean ± sd | sampled last-3, mean ± sd | seeds |",
         "|---|---|---|---|---|",
     ]
-    for (method, lag), stats in sorted(aggregate.items()):
+    for (method, lag), stats in sorted(aggregate.items(), key=lambda item: (item[0][0], lag_order(item[0][1]))):
         lines.append(
             f"| {method} | {lag} | {np.mean(stats['greedy']):.3f} ± {np.std(stats['greedy']):.3f} | "
             f"{np.mean(stats['sampled']):.3f} ± {np.std(stats['sampled']):.3f} | {len(stats['greedy'])} |"
@@ -396,7 +463,7 @@ def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int 
     ``final − start`` over seeds, the share of its own lag-0 gain it keeps, and (at lag 0) its gain over GRPO's, each
     ratio of means with a 95 % percentile bootstrap CI over seeds (paired: a seed's runs share its warm-up).
     """
-    table: dict[tuple[str, int], dict[int, float]] = {}
+    table: dict[tuple[str, int | str], dict[int, float]] = {}
     for row in summary:
         start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
         if start != "" and final != "":
@@ -423,7 +490,7 @@ def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int 
         "| method | lag K | gain, mean ± sd | seeds | kept of own lag-0 gain | lag-0 gain / GRPO's |",
         "|---|---|---|---|---|---|",
     ]
-    for (method, lag), values in sorted(table.items()):
+    for (method, lag), values in sorted(table.items(), key=lambda item: (item[0][0], lag_order(item[0][1]))):
         own = table.get((method, 0), {})
         grpo = table.get(("grpo", 0), {})
         kept = ratio(values, own) if lag != 0 else "–"
@@ -433,10 +500,55 @@ def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int 
     return "\n".join(lines) + "\n"
 
 
+def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps: int = 2000, seed: int = 0) -> str:
+    """
+    A markdown table: at each lag, the share of its own lag-0 gain that ``reference`` keeps minus the share each other
+    method keeps, with a 95 % percentile bootstrap CI over the seeds both ran (paired: a seed's runs share its warm-up)
+    and a verdict from the CI.
+    """
+    gain: dict[tuple[str, int | str], dict[int, float]] = {}
+    for row in summary:
+        start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
+        if start != "" and final != "":
+            gain.setdefault((row["method"], row["lag"]), {})[row["seed"]] = final - start
+    lags = sorted({lag for _, lag in gain if lag != 0 and (reference, lag) in gain}, key=lag_order)
+    methods = sorted({method for method, _ in gain if method != reference})
+    rng = np.random.default_rng(seed)
+    lines = [
+        f"Share of its own lag-0 {kind} gain that {reference} keeps minus the share each method keeps (> 0: "
+        f"{reference} keeps more); 95 % bootstrap CI over the seeds both ran (paired).",
+        "",
+        f"| lag K | method | {reference} keeps | method keeps | difference | seeds | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lag in lags:
+        for method in methods:
+            tables = [gain.get(key, {}) for key in ((reference, lag), (reference, 0), (method, lag), (method, 0))]
+            seeds = sorted(set.intersection(*(set(table) for table in tables)))
+            if len(seeds) < 2:
+                continue
+            ref_lag, ref_0, lag_gain, zero_gain = (np.array([table[s] for s in seeds]) for table in tables)
+            samples = rng.integers(len(seeds), size=(reps, len(seeds)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ref_kept = ref_lag[samples].mean(axis=1) / ref_0[samples].mean(axis=1)
+                kept = lag_gain[samples].mean(axis=1) / zero_gain[samples].mean(axis=1)
+            difference = ref_kept - kept
+            low, high = np.nanpercentile(difference, [2.5, 97.5])
+            point_ref, point = ref_lag.mean() / ref_0.mean(), lag_gain.mean() / zero_gain.mean()
+            verdict = (
+                f"{reference} keeps more" if low > 0 else f"{method} keeps more" if high < 0 else "no significant difference"
+            )
+            lines.append(
+                f"| {lag} | {method} | {point_ref:.2f} | {point:.2f} | {point_ref - point:+.2f} [{low:+.2f}, {high:+.2f}] "
+                f"| {len(seeds)} | {verdict} |"
+            )
+    return "\n".join(lines) + "\n" if len(lines) > 4 else ""
+
+
 def summary_row(
     args: argparse.Namespace,
     method: Method,
-    lag: int,
+    lag: int | str,
     seed: int,
     curve: list[tuple[int, float, float | None]],
     run_logs: list[dict[str, Any]],
@@ -476,6 +588,11 @@ def summary_row(
         "filtered_fraction": logged("filtered_fraction"),
         "importance_weight": logged("importance_weight"),
         "wall_s": round(wall, 1),
+        "sampler_correction": logged("sampler_correction"),
+        "off_policy_dropped_fraction": logged("off_policy_mask/dropped_fraction"),
+        "cispo_clip_fraction": logged("cispo_clip_ratio"),
+        "vespo_weight": logged("vespo/phi_seq_mean"),
+        "settings": json.dumps(dict(method.settings), sort_keys=True) if method.settings else "",
     }
 
 
@@ -528,9 +645,11 @@ def read_results(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
             for row in csv.DictReader(f):
                 parsed: dict[str, Any] = {}
                 for key, value in row.items():
-                    if key in ("lag", "seed", "step"):
+                    if key == "lag":
+                        parsed[key] = parse_lag(value)
+                    elif key in ("seed", "step"):
                         parsed[key] = int(value)
-                    elif key in ("method", "accuracy_kind", "loss_type", "vaco_form"):
+                    elif key in ("method", "accuracy_kind", "loss_type", "vaco_form", "settings"):
                         parsed[key] = value
                     else:
                         parsed[key] = value if name == "summary.csv" and value == "" else _number(value)
@@ -548,7 +667,8 @@ def write_summary(
 ) -> None:
     """``summary.md`` (the gain tables, headline accuracy first, then per run) and ``accuracy.png``."""
     kinds = [args.accuracy, *({"greedy", "sampled"} - {args.accuracy})]
-    tables = [gains(summary, kind) for kind in kinds]
+    reference = f"vaco_{DEFAULT_FORM}"
+    tables = [gains(summary, kinds[0]), kept_against(summary, kinds[0], reference), *(gains(summary, k) for k in kinds[1:])]
     (args.out / "summary.md").write_text("\n".join(table for table in tables if table) + "\n" + summarize(rows, logs))
     plot(rows, args, methods, args.out / "accuracy.png")
 
@@ -561,7 +681,7 @@ def summarize_saved(args: argparse.Namespace) -> None:
         for key in ("epsilon", "tv_threshold", "eval_temperature", "accuracy"):
             setattr(args, key, saved.get(key, getattr(args, key)))
     rows, logs, summary = read_results(args.out)
-    args.lags = sorted({row["lag"] for row in rows})
+    args.lags = sorted({row["lag"] for row in rows}, key=lag_order)
     methods = [parse_method(name, args) for name in dict.fromkeys(row["method"] for row in summary)]
     write_summary(args, methods, rows, logs, summary)
     print((args.out / "summary.md").read_text())

@@ -255,3 +255,44 @@ def vaco_sequence_loss(
         clipped = ((ratio < 1.0 - epsilon_low) & (advantages < 0)) | ((ratio > 1.0 + epsilon_high) & (advantages > 0))
         clip_fraction = float((clipped & valid).sum() / n_valid)
     return FilteredLoss(loss, mask, tv_estimate, filter_active, weights, clip_fraction)
+
+
+#: ``VACOGRPOConfig.vllm_importance_sampling_mode`` values, TRL's names: constraint (truncate / mask) × granularity
+SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def sampler_importance_ratio(
+    old_logps: th.Tensor,
+    sampling_logps: th.Tensor,
+    token_mask: th.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> th.Tensor:
+    """
+    TRL's sampler-mismatch correction (``GRPOConfig.vllm_importance_sampling_*``; truncated importance sampling,
+    TIS, and masked importance sampling, MIS), as TRL computes it for vLLM's log-probs, for any sampler::
+
+        log ρ_t = (log π_old − log μ) · m_t          (NaN log-probs: no correction, ρ_t = 1)
+        ρ       = exp(log ρ_t) per token, or exp(Σ_t log ρ_t) per completion ("sequence_*")
+        "*_truncate":  ρ ← clamp(ρ, C_min, C_max)        "*_mask":  ρ ← 0 where ρ ∉ [C_min, C_max]
+
+    :param old_logps: ``log π_old``, the ratio's anchor (the learner when the batch entered training), ``(B, T)``
+    :param sampling_logps: ``log μ``, the sampler's log-probs, ``(B, T)``
+    :param token_mask: 1 for the completion tokens that count, ``(B, T)``
+    :param mode: one of :data:`SAMPLER_CORRECTION_MODES`
+    :param clip_min: ``C_min`` (``None``: none)
+    :param clip_max: ``C_max`` (``None``: none)
+    :return: ``ρ``, shape ``(B, T)`` for the token modes, ``(B, 1)`` for the sequence modes (no gradient)
+    """
+    if mode not in SAMPLER_CORRECTION_MODES:
+        raise ValueError(f"`vllm_importance_sampling_mode` must be one of {SAMPLER_CORRECTION_MODES}, got {mode!r}")
+    log_rho = th.nan_to_num((old_logps.detach() - sampling_logps.detach()) * token_mask, nan=0.0)
+    if mode.startswith("sequence"):
+        log_rho = log_rho.sum(dim=-1, keepdim=True)
+    rho = th.exp(log_rho)
+    if mode.endswith("truncate"):
+        return th.clamp(rho, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return rho.masked_fill((rho < low) | (rho > high), 0.0)
