@@ -191,8 +191,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=list(METHODS),
-        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>; vaco = vaco_{DEFAULT_FORM}",
+        default=list(METHODS[: 1 + len(VACO_FORMS)]),
+        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>, opsm@<δ>; vaco = vaco_{DEFAULT_FORM} "
+        "(default: GRPO and the VACO forms)",
     )
     parser.add_argument(
         "--lags",
@@ -260,8 +261,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--summarize-only",
         action="store_true",
-        help="train nothing: rewrite summary.md and accuracy.png from the CSV files in --out (e.g. seeds run apart, "
-        "their CSV files concatenated)",
+        help="train nothing: rewrite summary.md and accuracy.png from the CSV files in --out",
+    )
+    parser.add_argument(
+        "--merge-from",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="train nothing: add the runs in these output folders (e.g. seeds or methods run as separate processes) "
+        "to the CSV files in --out, replacing runs of the same method, lag and seed, then summarize",
     )
     args = parser.parse_args(argv)
     if args.accuracy is None:
@@ -673,6 +681,35 @@ def write_summary(
     plot(rows, args, methods, args.out / "accuracy.png")
 
 
+RESULT_FILES = ("runs.csv", "train_log.csv", "summary.csv")
+
+
+def merge_results(out: Path, sources: list[Path]) -> None:
+    """
+    Add the runs of each folder in ``sources`` to ``out``'s CSV files (created if absent), replacing those of the same
+    (method, lag, seed); the columns are the union, ``out``'s first (a run that lacks one leaves it empty).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RESULT_FILES:
+        columns: list[str] = []
+        tables = []
+        for folder in [out, *sources]:
+            path = folder / name
+            if not path.is_file():
+                continue
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                columns += [column for column in reader.fieldnames or [] if column not in columns]
+                tables.append(list(reader))
+        replaced = {(row["method"], row["lag"], row["seed"]) for table in tables[1:] for row in table}
+        rows = [row for row in tables[0] if (row["method"], row["lag"], row["seed"]) not in replaced] if tables else []
+        rows += [row for table in tables[1:] for row in table]
+        with open(out / name, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+
 def summarize_saved(args: argparse.Namespace) -> None:
     """``--summarize-only``: ``summary.md`` and ``accuracy.png`` rewritten from the CSV files in ``--out``."""
     config = args.out / "config.json"
@@ -689,7 +726,9 @@ def summarize_saved(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.summarize_only:
+    if args.merge_from:
+        merge_results(args.out, args.merge_from)
+    if args.summarize_only or args.merge_from:
         summarize_saved(args)
         return
     methods = [parse_method(method, args) for method in args.methods]  # fail before any run on an unknown method

@@ -509,7 +509,14 @@ def _demo():
 def test_demo_method_names():
     demo = _demo()
     args = demo.parse_args([])
-    assert [demo.parse_method(m, args).name for m in args.methods] == list(demo.METHODS)
+    assert [demo.parse_method(m, args).name for m in demo.METHODS] == list(demo.METHODS)
+    assert args.methods == ["grpo", "vaco_token", "vaco_sequence", "vaco_decoupled"]
+    opsm = demo.parse_method("opsm@0.05", args)
+    assert (opsm.name, opsm.loss_type, dict(opsm.settings)["off_policy_mask_threshold"]) == ("opsm@0.05", "dapo", 0.05)
+    assert dict(demo.parse_method("grpo", args).settings)["stale_actor_as"] == "old_policy"  # the naive baseline
+    with pytest.raises(ValueError, match="unknown method"):
+        demo.parse_method("cispo@0.1", args)
+    assert demo.parse_args(["--lags", "0", "async"]).lags == [0, "async"]
     method = demo.parse_method("vaco@0.05", args)
     expected = ("vaco_sequence@0.05", "vaco", "sequence", 0.05)  # vaco: the trainer's default form
     assert (method.name, method.loss_type, method.form, method.tv_threshold) == expected
@@ -528,11 +535,11 @@ def test_demo_real_model_path(tmp_path):
     data.write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
     assert [p["answer"] for p in load_gsm8k(data)] == ["5", "3", "6", "1200"]
     out = tmp_path / "out"
-    methods = ["grpo", "vaco_token", "vaco_sequence@0.1", "vaco_decoupled"]
+    methods = ["grpo", "vaco_token", "vaco_sequence@0.1", "vaco_decoupled", "opsm@0.5", "vespo"]
     # fmt: off
     _demo().main([
         "--model", str(tmp_path / "model"), "--dataset", str(data), "--eval-dataset", str(data), "--out", str(out),
-        "--methods", *methods, "--lag", "0", "2", "--seeds", "0", "--max-steps", "2", "--warmup-steps", "2",
+        "--methods", *methods, "--lag", "0", "async", "--seeds", "0", "--max-steps", "4", "--warmup-steps", "2",
         "--batch-size", "8", "--num-generations", "4", "--steps-per-generation", "2", "--max-completion-length", "3",
         "--eval-every", "1", "--eval-samples", "1",
     ])
@@ -542,16 +549,20 @@ def test_demo_real_model_path(tmp_path):
         rows = list(reader)
     columns = ("method", "lag", "seed", "start_accuracy", "final_accuracy")
     assert reader.fieldnames is not None and tuple(reader.fieldnames[:5]) == columns
-    assert [(row["method"], row["lag"], row["seed"]) for row in rows] == [(m, lag, "0") for lag in ("0", "2") for m in methods]
+    runs = [(m, lag, "0") for lag in ("0", "async") for m in methods]
+    assert [(row["method"], row["lag"], row["seed"]) for row in rows] == runs
     for row in rows:
-        assert row["accuracy_kind"] == "sampled" and row["steps"] == "2"
+        assert row["accuracy_kind"] == "sampled" and row["steps"] == "4"
         assert row["start_accuracy"] == row["start_accuracy_sampled"]
         assert row["final_accuracy"] == row["final_accuracy_sampled"]
         for key in ("start_accuracy", "final_accuracy", "start_accuracy_sampled", "final_accuracy_sampled"):
             assert 0.0 <= float(row[key]) <= 1.0
-        assert (row["vaco_form"], row["loss_type"]) == (
-            ("", "dapo") if row["method"] == "grpo" else (row["method"][5:].split("@")[0], "vaco")
-        )
+        if row["method"].startswith("vaco"):
+            assert (row["vaco_form"], row["loss_type"]) == (row["method"][5:].split("@")[0], "vaco")
+        else:
+            assert (row["vaco_form"], row["loss_type"]) == ("", "vespo" if row["method"] == "vespo" else "dapo")
+        if row["lag"] == "async":  # one generation batch ahead: 2 optimizer steps stale
+            assert float(row["policy_lag"]) > 1.0 and (row["method"] == "grpo" or row["tv_behavior"] != "")
     assert {row["tv_threshold"] for row in rows if row["method"].startswith("vaco_sequence")} == {"0.1"}
     for name in ("runs.csv", "train_log.csv", "summary.md", "accuracy.png", "config.json"):
         assert (out / name).is_file()
@@ -561,4 +572,19 @@ def test_demo_real_model_path(tmp_path):
     (out / "summary.md").unlink()
     _demo().main(["--summarize-only", "--out", str(out)])
     assert (out / "summary.md").read_text() == written
+    # Runs made apart merge into one table: new (method, lag, seed) added, the same ones replaced
+    # fmt: off
+    _demo().main([
+        "--model", str(tmp_path / "model"), "--dataset", str(data), "--eval-dataset", str(data),
+        "--out", str(tmp_path / "more"), "--methods", "cispo", "grpo", "--lag", "0", "--seeds", "0", "--max-steps", "2",
+        "--warmup-steps", "2", "--batch-size", "8", "--num-generations", "4", "--steps-per-generation", "2",
+        "--max-completion-length", "3", "--eval-every", "1", "--eval-samples", "1",
+    ])
+    # fmt: on
+    _demo().main(["--merge-from", str(tmp_path / "more"), "--out", str(out)])
+    with open(out / "summary.csv", newline="") as f:
+        merged = {(row["method"], row["lag"]): row for row in csv.DictReader(f)}
+    assert set(merged) == {(m, lag) for m, lag, _ in runs} | {("cispo", "0")}
+    assert merged[("grpo", "0")]["steps"] == "2" and merged[("grpo", "async")]["steps"] == "4"
+    assert "| cispo | 0 |" in (out / "summary.md").read_text()
     assert json.loads((out / "config.json").read_text())["args"]["model"] == str(tmp_path / "model")
