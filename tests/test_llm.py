@@ -439,6 +439,10 @@ def test_trl_remedy_sees_the_stale_actor_as_vllm(tmp_path, remedy):
 
 def test_trl_check_names_the_supported_versions():
     check_trl()  # the installed TRL
+    root = Path(__file__).resolve().parents[1]
+    pins = [line.strip() for line in (root / "setup.cfg").read_text().splitlines() if line.strip().startswith("trl")]
+    assert pins == [f"trl{SUPPORTED_TRL}"]  # the llm extra installs what the trainer supports
+    assert f"`trl{SUPPORTED_TRL}`" in (root / "docs" / "llm.md").read_text()
 
     class Renamed(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids, images, num_generations):  # type: ignore[override]
