@@ -465,17 +465,23 @@ def summarize(rows: list[dict[str, Any]], logs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gains_by_run(summary: list[dict[str, Any]], kind: str) -> dict[tuple[str, int | str], dict[int, float]]:
+    """The ``kind`` accuracy gain (final − start) of each run: ``{(method, lag): {seed: gain}}``."""
+    table: dict[tuple[str, int | str], dict[int, float]] = {}
+    for row in summary:
+        start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
+        if start != "" and final != "":
+            table.setdefault((row["method"], row["lag"]), {})[row["seed"]] = final - start
+    return table
+
+
 def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int = 0) -> str:
     """
     A markdown table of what RL gains in ``kind`` accuracy (``"greedy"`` or ``"sampled"``): per method and lag the mean gain
     ``final − start`` over seeds, the share of its own lag-0 gain it keeps, and (at lag 0) its gain over GRPO's, each
     ratio of means with a 95 % percentile bootstrap CI over seeds (paired: a seed's runs share its warm-up).
     """
-    table: dict[tuple[str, int | str], dict[int, float]] = {}
-    for row in summary:
-        start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
-        if start != "" and final != "":
-            table.setdefault((row["method"], row["lag"]), {})[row["seed"]] = final - start
+    table = gains_by_run(summary, kind)
     if not table:
         return ""
     rng = np.random.default_rng(seed)
@@ -514,11 +520,7 @@ def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
     method keeps, with a 95 % percentile bootstrap CI over the seeds both ran (paired: a seed's runs share its warm-up)
     and a verdict from the CI.
     """
-    gain: dict[tuple[str, int | str], dict[int, float]] = {}
-    for row in summary:
-        start, final = row[f"start_accuracy_{kind}"], row[f"final_accuracy_{kind}"]
-        if start != "" and final != "":
-            gain.setdefault((row["method"], row["lag"]), {})[row["seed"]] = final - start
+    gain = gains_by_run(summary, kind)
     lags = sorted({lag for _, lag in gain if lag != 0 and (reference, lag) in gain}, key=lag_order)
     methods = sorted({method for method, _ in gain if method != reference})
     rng = np.random.default_rng(seed)

@@ -444,18 +444,19 @@ class VACOGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         learner = self._learner_logps(model, inputs)
         sampling = inputs["sampling_per_token_logps"]
-        tv = 0.5 * (th.abs(safe_ratio(th.nan_to_num(learner - sampling)) - 1.0) * mask).sum() / mask.sum().clamp(min=1.0)
+        behavior = th.where(th.isnan(sampling), learner, sampling)  # tokens the sampler could not score: no lag
+        tv = 0.5 * (th.abs(safe_ratio(learner - behavior) - 1.0) * mask).sum() / mask.sum().clamp(min=1.0)
         self._metrics[mode]["tv_behavior"].append(self.accelerator.gather(tv).mean().item())
         if args.stale_actor_as == "old_policy":
             del inputs["sampling_per_token_logps"]
-            inputs["old_per_token_logps"] = th.where(th.isnan(sampling), learner, sampling)
+            inputs["old_per_token_logps"] = behavior
             return inputs
         if self.off_policy_mask_threshold is not None:  # TRL's mask as the batch enters training (π_θ = π_T)
             advantages = inputs["advantages"]
             keep = self.get_off_policy_mask(
                 advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
                 learner,
-                th.where(th.isnan(sampling), learner, sampling),
+                behavior,
                 mask,
                 self.off_policy_mask_threshold,
             )
