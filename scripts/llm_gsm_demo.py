@@ -108,13 +108,19 @@ def parse_method(method: str, args: argparse.Namespace) -> Method:
         if name == "opsm":
             label = f"{label} (δ={settings['off_policy_mask_threshold']})"
         return Method(method, settings["loss_type"], "", math.nan, label, settings)
+    name, drift, variant = name.partition("+")
     name = f"vaco_{DEFAULT_FORM}" if name == "vaco" else name
-    if name not in METHODS[1 : 1 + len(VACO_FORMS)]:
-        raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO and opsm")
+    if name not in METHODS[1 : 1 + len(VACO_FORMS)] or (drift and (variant, name) != ("drift", "vaco_sequence")):
+        raise ValueError(
+            f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO and opsm, "
+            "or vaco_sequence+drift"
+        )
     tv_threshold = float(threshold) if at else args.tv_threshold
     form = name.removeprefix("vaco_")
+    name = f"{name}+drift" if drift else name
     canonical = f"{name}@{threshold}" if at else name
-    return Method(canonical, "vaco", form, tv_threshold, f"GRPO+VACO ({form} form, δ={tv_threshold})")
+    label = f"GRPO+VACO ({form} form{', drift test' if drift else ''}, δ={tv_threshold})"
+    return Method(canonical, "vaco", form, tv_threshold, label, {"filter_drift": True} if drift else {})
 
 
 def parse_lag(label: str) -> int | str:
@@ -192,8 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS[: 1 + len(VACO_FORMS)]),
-        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>, opsm@<δ>; vaco = vaco_{DEFAULT_FORM} "
-        "(default: GRPO and the VACO forms)",
+        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>, opsm@<δ>, "
+        f"vaco_sequence+drift[@<δ>] (the TV test on π_θ/μ); vaco = vaco_{DEFAULT_FORM} (default: GRPO and the VACO forms)",
     )
     parser.add_argument(
         "--lags",

@@ -154,6 +154,24 @@ def test_sequence_form_drops_tv_increasing_tokens_of_completions_over_budget():
     assert out.filter_active == 1.0
 
 
+def test_sequence_form_drift_test_measures_the_learner():
+    # No lag (ρ = 1), the learner has moved to π_θ = π_T / 2: q = π_θ/μ = 0.5, D_i = ¼ > δ for both completions
+    no_lag = th.zeros(2, 3)
+    out, grad = _sequence_loss(log_rho=no_lag, ratio=0.5, tv_threshold=0.2)
+    assert out.filter_active == 0.0 and th.equal(out.mask, TOKEN_MASK)  # the default tests ρ only
+    out, grad = _sequence_loss(log_rho=no_lag, ratio=0.5, tv_threshold=0.2, filter_drift=True)
+    assert out.filter_active == 1.0 and out.tv_estimate.item() == pytest.approx(0.25)
+    # Â = −1 would push q further below 1: completion 1 dropped; Â = +1 pulls it back: kept (r = 0.5 < 1 − ε with
+    # Â > 0 is not clipped)
+    assert th.equal(out.mask, th.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert th.equal(grad[1], th.zeros(3)) and bool((grad[0] != 0).all())
+    # Without drift (π_θ = π_T) the two tests coincide
+    for threshold in (0.05, 0.2):
+        default, default_grad = _sequence_loss(tv_threshold=threshold)
+        drift, drift_grad = _sequence_loss(tv_threshold=threshold, filter_drift=True)
+        assert th.equal(default.mask, drift.mask) and th.equal(default_grad, drift_grad)
+
+
 def test_sequence_form_truncates_weights_and_clips():
     out, _ = _sequence_loss(tv_threshold=10.0, rho_bar=1.0)
     assert out.filter_active == 0.0
@@ -466,6 +484,8 @@ def test_config_validation(tmp_path):
         VACOGRPOConfig(vaco_form="decoupled", rho_bar=0.0, **common)
     with pytest.raises(ValueError, match="stale_actor_as"):
         VACOGRPOConfig(stale_actor_as="nope", **common)
+    with pytest.raises(ValueError, match="filter_drift"):
+        VACOGRPOConfig(vaco_form="token", filter_drift=True, **common)
     with pytest.raises(ValueError, match="vllm_importance_sampling_mode='token_truncate'"):
         VACOGRPOConfig(loss_type="vespo", policy_lag=2, **common)  # TRL's default correction is per sequence
     # the sequence form's token-ratio rule binds VACO only: TRL's losses take sequence ratios (GSPO)

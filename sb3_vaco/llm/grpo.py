@@ -94,6 +94,8 @@ class VACOGRPOConfig(GRPOConfig):
         and ``"decoupled"`` forms per completion (``exp`` of the mean token log-ratio, as in GSPO).
     :param tv_threshold: the TV budget ``δ``: per micro-batch (``"token"``, ``"decoupled"``) or per completion
         (``"sequence"``); always a TV, ``½·mean|ratio − 1|``
+    :param filter_drift: the ``"sequence"`` form's TV test measures ``π_θ/μ`` (the lag plus the learner's drift
+        during the update) instead of ``π_T/μ`` (the lag when the batch entered training)
     :param rho_bar: truncation ``ρ̄`` of the importance weight ``π_T/μ`` (``"sequence"`` and ``"decoupled"``;
         ``inf``: none); by default the form's own: 2 for ``"sequence"`` (open-instruct's), 1 for ``"decoupled"``
         (as SB3's ``VACO``)
@@ -125,6 +127,9 @@ class VACOGRPOConfig(GRPOConfig):
         default="sequence", metadata={"help": "VACO's form for loss_type='vaco': 'sequence', 'token' or 'decoupled'."}
     )
     tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ (per micro-batch, or per completion)."})
+    filter_drift: bool = field(
+        default=False, metadata={"help": "'sequence' form: the TV test on π_θ/μ (lag and drift) instead of π_T/μ."}
+    )
     rho_bar: float | None = field(
         default=None,
         metadata={"help": "Truncation of π_T/μ ('sequence' and 'decoupled' forms; default: 2 and 1 respectively)."},
@@ -169,6 +174,8 @@ class VACOGRPOConfig(GRPOConfig):
                 "vaco_form='sequence' (the default) takes token ratios: use importance_sampling_level='token', or "
                 "vaco_form='token' / 'decoupled' for ratios per completion"
             )
+        if self.filter_drift and self.vaco_form != "sequence":
+            raise ValueError(f"`filter_drift` applies to vaco_form='sequence' only, got vaco_form={self.vaco_form!r}")
         if self.tv_threshold < 0:
             raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
         if not self.rho_bar > 0:
@@ -282,6 +289,7 @@ class VACOGRPOTrainer(GRPOTrainer):
         self._cast_lm_head_to_fp32 = config.cast_lm_head_to_fp32
         self.tv_threshold = config.tv_threshold
         self.vaco_form = config.vaco_form
+        self.filter_drift = config.filter_drift
         self.rho_bar = float(config.rho_bar if config.rho_bar is not None else DEFAULT_RHO_BAR[self.vaco_form])
         self.policy_lag = config.injected_lag
         # On CPU: a stale copy costs host memory, not accelerator memory.
@@ -509,6 +517,7 @@ class VACOGRPOTrainer(GRPOTrainer):
             self.rho_bar,
             self.epsilon_low,
             self.epsilon_high,
+            self.filter_drift,
         )
 
     def _compute_vaco_loss(self, model: Any, inputs: dict[str, Any], mode: str) -> th.Tensor:

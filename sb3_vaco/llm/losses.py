@@ -203,6 +203,7 @@ def vaco_sequence_loss(
     rho_bar: float = 2.0,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    filter_drift: bool = False,
 ) -> FilteredLoss:
     """
     The ``"sequence"`` form, the co-authors' LLM port of VACO ("TVPO"): PPO's clipped surrogate on the ratio to the
@@ -217,7 +218,11 @@ def vaco_sequence_loss(
         L   = − mean_t( w_t · min( r_t · Â_i, clip(r_t, 1 − ε_low, 1 + ε_high) · Â_i ) )
 
     The filter tests the lag already present when the batch enters training (``π_T`` vs ``μ``), once per
-    completion; the clip bounds the drift during training. The TV estimate carries the ½ of the total variation,
+    completion; the clip bounds the drift during training. With ``filter_drift=True`` the test (``D_i`` and the
+    sign) is on ``q_t = π_θ/μ`` instead of ``ρ_t``: the paper's ratio, the lag plus the drift of the learner during
+    the update so far, so a completion the learner has already moved away from is dropped too (as off-policy
+    sequence masking does on its negative-advantage side, measured against ``π_θ``). The TV estimate carries the ½
+    of the total variation,
     so ``δ`` has the same meaning in every form (open-instruct compares ``mean|ρ − 1|`` with its bound ``b``:
     ``b = 2δ``). A completion whose tokens are all dropped contributes exactly zero gradient.
 
@@ -230,6 +235,7 @@ def vaco_sequence_loss(
     :param rho_bar: the truncation ``ρ̄`` of the weights (open-instruct: 2)
     :param epsilon_low: PPO's lower clip range
     :param epsilon_high: PPO's upper clip range
+    :param filter_drift: test ``π_θ/μ`` (lag and drift) instead of ``π_T/μ`` (lag only)
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
@@ -237,10 +243,11 @@ def vaco_sequence_loss(
     n_valid = token_mask.sum().clamp(min=1.0)
     with th.no_grad():
         log_rho = th.where(valid, th.clamp(proximal_logps - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
-        rho = th.exp(log_rho)
-        sequence_tv = 0.5 * sequence_mean(th.abs(rho - 1.0), token_mask)  # (B, 1)
+        tested = logps.detach() if filter_drift else proximal_logps
+        log_tested = th.where(valid, th.clamp(tested - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+        sequence_tv = 0.5 * sequence_mean(th.abs(th.exp(log_tested) - 1.0), token_mask)  # (B, 1)
         over_budget = sequence_tv > tv_threshold
-        increases_tv = th.sign(log_rho) * advantages > 0
+        increases_tv = th.sign(log_tested) * advantages > 0
         mask = (valid & ~(over_budget & increases_tv)).float()
         weights = mask * importance_weights(log_rho, rho_bar)
         completions = token_mask.sum(dim=1) > 0
