@@ -277,11 +277,12 @@ def test_unknown_hyperparameter_fails_before_running(tmp_path: Path) -> None:
 def test_demo_grid_dry_run(tmp_path: Path) -> None:
     # scripts/main_job.sh's grid, into a fresh folder
     dry_run = run_script("benchmark.py", "--grid", "demo", "--out", str(tmp_path), "--dry-run").stdout
-    assert "[todo] Swimmer-v5/lagged_ppo/lag0/seed0" in dry_run and "[todo] Swimmer-v5/vaco/lag0-16/seed2" in dry_run
-    assert "Swimmer-v5/vaco/lag0/" not in dry_run  # PPO alone gives the lag-0 reference
-    assert "9 runs, 0 done, 9 to run (990,000 env steps)" in dry_run
+    env = "InvertedPendulum-v5"
+    assert f"[todo] {env}/lagged_ppo/lag0/seed0" in dry_run and f"[todo] {env}/vaco/lag16/seed2" in dry_run
+    assert f"{env}/vaco/lag0/" not in dry_run  # PPO alone gives the lag-0 reference
+    assert "9 runs, 0 done, 9 to run (1,080,000 env steps)" in dry_run
     one_seed = run_script("benchmark.py", "--grid", "demo", "--seeds", "3", "--out", str(tmp_path), "--dry-run").stdout
-    assert "seed3" in one_seed and "seed0" not in one_seed and "3 runs, 0 done, 3 to run (330,000 env steps)" in one_seed
+    assert "seed3" in one_seed and "seed0" not in one_seed and "3 runs, 0 done, 3 to run (360,000 env steps)" in one_seed
     assert "demo" in run_script("benchmark.py", "--list").stdout
     assert "No grid 'nope'" in run_script("benchmark.py", "--grid", "nope", returncode=2).stderr
 
