@@ -4,12 +4,12 @@ GRPO vs GRPO+VACO for math reasoning under policy lag (the LLM experiment of arX
 Default (runs on CPU, no downloads): a tiny Llama-architecture model built from a config, generated
 grade-school-style word problems with an exact-answer reward, a supervised warm-up per seed on demonstrations of
 which half show a near miss, then GRPO (TRL's clipped loss) and GRPO+VACO in each of its forms (token, sequence,
-decoupled; δ = --tv-threshold) at lags 0 and 32, 5 seeds, 400 steps, with the held-out accuracy (greedy and sampled
-pass@1) during training. Writes ``summary.csv`` (one row per run: start and final accuracy), ``runs.csv`` (accuracy
-curves), ``train_log.csv`` (TRL's metrics), ``summary.md`` (the gains, with CIs), ``accuracy.png`` and
-``config.json`` to ``--out`` (about 70 min on one thread; docs/llm.md has the results):
+decoupled; δ = --tv-threshold, else each form's default) at lags 0 and 32, 5 seeds, 400 steps, with the held-out
+accuracy (greedy and sampled pass@1) during training. Writes ``summary.csv`` (one row per run: start and final
+accuracy), ``runs.csv`` (accuracy curves), ``train_log.csv`` (TRL's metrics), ``summary.md`` (the gains, with CIs),
+``accuracy.png`` and ``config.json`` to ``--out`` (about 70 min on one thread; docs/llm.md has the results):
 
-    OMP_NUM_THREADS=1 python scripts/llm_gsm_demo.py --out results/llm
+    OMP_NUM_THREADS=1 python scripts/llm_gsm_demo.py --out results/llm_demo
 
 With a local model folder and GSM8K-format files (GPU; see docs/llm.md):
 
@@ -43,6 +43,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from transformers.trainer_callback import PrinterCallback
 
 from sb3_vaco.llm import VACO_FORMS, VACOGRPOConfig, VACOGRPOTrainer
+from sb3_vaco.llm.grpo import DEFAULT_TV_THRESHOLD
 from vaco_lab.math_task import (
     Problem,
     build_tiny_model,
@@ -72,9 +73,13 @@ TRL_REMEDIES: dict[str, tuple[str, dict[str, Any]]] = {
     "vespo": ("VESPO", {"loss_type": "vespo", "vllm_importance_sampling_mode": "token_truncate"}),
 }
 
-#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``, ``opsm`` as ``opsm@<δ>``); ``vaco`` is
-#: ``vaco_<DEFAULT_FORM>``
-METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS), *TRL_REMEDIES)
+#: ``tvpo``: open-instruct's TVPO, VACO's ``"sequence"`` form with its TV test on ``π_T/μ`` (``filter_drift=False``),
+#: at this δ unless ``--tv-threshold`` or ``tvpo@<δ>`` says otherwise (the sequence form's default before the drift test)
+TVPO_TV_THRESHOLD = 0.2
+
+#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``, ``tvpo`` as ``tvpo@<δ>``, ``opsm`` as
+#: ``opsm@<δ>``); ``vaco`` is ``vaco_<DEFAULT_FORM>``
+METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS), "tvpo", *TRL_REMEDIES)
 
 #: ``--lags`` labels besides a number of optimizer steps: generation one batch ahead of training
 ASYNC_LAG = "async"
@@ -94,8 +99,9 @@ class Method(NamedTuple):
 def parse_method(method: str, args: argparse.Namespace) -> Method:
     """
     ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε, its ratio taken to the generating policy),
-    ``"vaco_<form>"`` (the VACO form at ``--tv-threshold``; ``"vaco"`` is the trainer's default form),
-    ``"vaco_<form>@δ"`` (at δ), or one of TRL's remedies (:data:`TRL_REMEDIES`; ``"opsm@δ"``: masking at δ).
+    ``"vaco_<form>"`` (the VACO form at ``--tv-threshold``, else the form's default δ; ``"vaco"`` is the trainer's
+    default form), ``"vaco_<form>@δ"`` (at δ), ``"tvpo"`` / ``"tvpo@δ"`` (the sequence form without its drift test,
+    :data:`TVPO_TV_THRESHOLD`), or one of TRL's remedies (:data:`TRL_REMEDIES`; ``"opsm@δ"``: masking at δ).
     """
     name, at, threshold = method.partition("@")
     if name == "grpo" and not at:
@@ -108,19 +114,20 @@ def parse_method(method: str, args: argparse.Namespace) -> Method:
         if name == "opsm":
             label = f"{label} (δ={settings['off_policy_mask_threshold']})"
         return Method(method, settings["loss_type"], "", math.nan, label, settings)
-    name, drift, variant = name.partition("+")
+    if name == "tvpo":
+        tv_threshold = float(threshold) if at else TVPO_TV_THRESHOLD if args.tv_threshold is None else args.tv_threshold
+        label = f"TVPO (sequence form, TV test on π_T/μ, δ={tv_threshold})"
+        return Method(method, "vaco", "sequence", tv_threshold, label, {"filter_drift": False})
     name = f"vaco_{DEFAULT_FORM}" if name == "vaco" else name
-    if name not in METHODS[1 : 1 + len(VACO_FORMS)] or (drift and (variant, name) != ("drift", "vaco_sequence")):
+    if name not in METHODS[1 : 1 + len(VACO_FORMS)]:
         raise ValueError(
-            f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO and opsm, "
-            "or vaco_sequence+drift"
+            f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO, tvpo and opsm"
         )
-    tv_threshold = float(threshold) if at else args.tv_threshold
     form = name.removeprefix("vaco_")
-    name = f"{name}+drift" if drift else name
+    default_threshold = DEFAULT_TV_THRESHOLD[form] if args.tv_threshold is None else args.tv_threshold
+    tv_threshold = float(threshold) if at else default_threshold
     canonical = f"{name}@{threshold}" if at else name
-    label = f"GRPO+VACO ({form} form{', drift test' if drift else ''}, δ={tv_threshold})"
-    return Method(canonical, "vaco", form, tv_threshold, label, {"filter_drift": True} if drift else {})
+    return Method(canonical, "vaco", form, tv_threshold, f"GRPO+VACO ({form} form, δ={tv_threshold})")
 
 
 def parse_lag(label: str) -> int | str:
@@ -198,8 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS[: 1 + len(VACO_FORMS)]),
-        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>, opsm@<δ>, "
-        f"vaco_sequence+drift[@<δ>] (the TV test on π_θ/μ); vaco = vaco_{DEFAULT_FORM} (default: GRPO and the VACO forms)",
+        help=f"{', '.join(METHODS)}, or vaco_<form>@<δ>, tvpo@<δ>, opsm@<δ>; vaco = vaco_{DEFAULT_FORM} "
+        "(default: GRPO and the VACO forms)",
     )
     parser.add_argument(
         "--lags",
@@ -240,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-completion-length", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--epsilon", type=float, default=0.2, help="GRPO's clip range")
-    parser.add_argument("--tv-threshold", type=float, default=0.2, help="VACO's δ")
+    parser.add_argument("--tv-threshold", type=float, default=None, help="VACO's δ (default: each form's, 0.2 for tvpo)")
     parser.add_argument(
         "--rho-bar",
         type=float,
@@ -561,6 +568,40 @@ def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
     return "\n".join(lines) + "\n" if len(lines) > 4 else ""
 
 
+def gain_against(summary: list[dict[str, Any]], kind: str, reference: str, reps: int = 2000, seed: int = 0) -> str:
+    """
+    A markdown table: at each lag (0 included), ``reference``'s ``kind`` accuracy gain minus each other method's, mean
+    over the seeds both ran with a 95 % percentile bootstrap CI (paired: a seed's runs share its warm-up) and a verdict.
+    """
+    gain = gains_by_run(summary, kind)
+    lags = sorted({lag for method, lag in gain if method == reference}, key=lag_order)
+    methods = sorted({method for method, _ in gain if method != reference})
+    rng = np.random.default_rng(seed)
+    lines = [
+        f"{reference}'s {kind} gain minus each method's at the same lag (> 0: {reference} gains more); 95 % bootstrap "
+        "CI over the seeds both ran (paired).",
+        "",
+        "| lag K | method | difference | seeds | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for lag in lags:
+        for method in methods:
+            ours, theirs = gain[(reference, lag)], gain.get((method, lag), {})
+            seeds = sorted(set(ours) & set(theirs))
+            if len(seeds) < 2:
+                continue
+            difference = np.array([ours[s] - theirs[s] for s in seeds])
+            boot = difference[rng.integers(len(seeds), size=(reps, len(seeds)))].mean(axis=1)
+            low, high = np.percentile(boot, [2.5, 97.5])
+            verdict = (
+                f"{reference} gains more" if low > 0 else f"{method} gains more" if high < 0 else "no significant difference"
+            )
+            lines.append(
+                f"| {lag} | {method} | {difference.mean():+.3f} [{low:+.3f}, {high:+.3f}] | {len(seeds)} | {verdict} |"
+            )
+    return "\n".join(lines) + "\n" if len(lines) > 4 else ""
+
+
 def summary_row(
     args: argparse.Namespace,
     method: Method,
@@ -684,7 +725,12 @@ def write_summary(
     """``summary.md`` (the gain tables, headline accuracy first, then per run) and ``accuracy.png``."""
     kinds = [args.accuracy, *({"greedy", "sampled"} - {args.accuracy})]
     reference = f"vaco_{DEFAULT_FORM}"
-    tables = [gains(summary, kinds[0]), kept_against(summary, kinds[0], reference), *(gains(summary, k) for k in kinds[1:])]
+    tables = [
+        gains(summary, kinds[0]),
+        kept_against(summary, kinds[0], reference),
+        gain_against(summary, kinds[0], reference),
+        *(gains(summary, k) for k in kinds[1:]),
+    ]
     (args.out / "summary.md").write_text("\n".join(table for table in tables if table) + "\n" + summarize(rows, logs))
     plot(rows, args, methods, args.out / "accuracy.png")
 
