@@ -4,10 +4,10 @@ GRPO vs GRPO+VACO for math reasoning under policy lag (the LLM experiment of arX
 Default (runs on CPU, no downloads): a tiny Llama-architecture model built from a config, generated
 grade-school-style word problems with an exact-answer reward, a supervised warm-up per seed on demonstrations of
 which half show a near miss, then GRPO (TRL's clipped loss) and GRPO+VACO in each of its forms (token, sequence,
-decoupled; δ = --tv-threshold, else each form's default) at lags 0 and 32, 5 seeds, 400 steps, with the held-out
-accuracy (greedy and sampled pass@1) during training. Writes ``summary.csv`` (one row per run: start and final
-accuracy), ``runs.csv`` (accuracy curves), ``train_log.csv`` (TRL's metrics), ``summary.md`` (the gains, with CIs),
-``accuracy.png`` and ``config.json`` to ``--out`` (about 70 min on one thread; docs/llm.md has the results):
+decoupled; δ = --tv-threshold) at lags 0 and 32, 5 seeds, 400 steps, with the held-out accuracy (greedy and sampled
+pass@1) during training. Writes ``summary.csv`` (one row per run: start and final accuracy), ``runs.csv`` (accuracy
+curves), ``train_log.csv`` (TRL's metrics), ``summary.md`` (the gains, with CIs), ``accuracy.png`` and
+``config.json`` to ``--out`` (about 70 min on one thread; docs/llm.md has the results):
 
     OMP_NUM_THREADS=1 python scripts/llm_gsm_demo.py --out results/llm_demo
 
@@ -43,7 +43,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallba
 from transformers.trainer_callback import PrinterCallback
 
 from sb3_vaco.llm import VACO_FORMS, VACOGRPOConfig, VACOGRPOTrainer
-from sb3_vaco.llm.grpo import DEFAULT_TV_THRESHOLD
 from vaco_lab.math_task import (
     Problem,
     build_tiny_model,
@@ -73,13 +72,9 @@ TRL_REMEDIES: dict[str, tuple[str, dict[str, Any]]] = {
     "vespo": ("VESPO", {"loss_type": "vespo", "vllm_importance_sampling_mode": "token_truncate"}),
 }
 
-#: ``tvpo``: open-instruct's TVPO, VACO's ``"sequence"`` form with its TV test on ``π_T/μ`` (``filter_drift=False``),
-#: at this δ unless ``--tv-threshold`` or ``tvpo@<δ>`` says otherwise (the sequence form's default before the drift test)
-TVPO_TV_THRESHOLD = 0.2
-
-#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``, ``tvpo`` as ``tvpo@<δ>``, ``opsm`` as
-#: ``opsm@<δ>``); ``vaco`` is ``vaco_<DEFAULT_FORM>``
-METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS), "tvpo", *TRL_REMEDIES)
+#: The methods of ``--methods`` (each VACO form also as ``vaco_<form>@<δ>``, ``opsm`` as ``opsm@<δ>``); ``vaco`` is
+#: ``vaco_<DEFAULT_FORM>``
+METHODS = ("grpo", *(f"vaco_{form}" for form in VACO_FORMS), *TRL_REMEDIES)
 
 #: ``--lags`` labels besides a number of optimizer steps: generation one batch ahead of training
 ASYNC_LAG = "async"
@@ -99,9 +94,8 @@ class Method(NamedTuple):
 def parse_method(method: str, args: argparse.Namespace) -> Method:
     """
     ``"grpo"`` (TRL's default loss, ``"dapo"``, clipped at ε, its ratio taken to the generating policy),
-    ``"vaco_<form>"`` (the VACO form at ``--tv-threshold``, else the form's default δ; ``"vaco"`` is the trainer's
-    default form), ``"vaco_<form>@δ"`` (at δ), ``"tvpo"`` / ``"tvpo@δ"`` (the sequence form without its drift test,
-    :data:`TVPO_TV_THRESHOLD`), or one of TRL's remedies (:data:`TRL_REMEDIES`; ``"opsm@δ"``: masking at δ).
+    ``"vaco_<form>"`` (the VACO form at ``--tv-threshold``; ``"vaco"`` is the trainer's default form),
+    ``"vaco_<form>@δ"`` (at δ), or one of TRL's remedies (:data:`TRL_REMEDIES`; ``"opsm@δ"``: masking at δ).
     """
     name, at, threshold = method.partition("@")
     if name == "grpo" and not at:
@@ -114,20 +108,19 @@ def parse_method(method: str, args: argparse.Namespace) -> Method:
         if name == "opsm":
             label = f"{label} (δ={settings['off_policy_mask_threshold']})"
         return Method(method, settings["loss_type"], "", math.nan, label, settings)
-    if name == "tvpo":
-        tv_threshold = float(threshold) if at else TVPO_TV_THRESHOLD if args.tv_threshold is None else args.tv_threshold
-        label = f"TVPO (sequence form, TV test on π_T/μ, δ={tv_threshold})"
-        return Method(method, "vaco", "sequence", tv_threshold, label, {"filter_drift": False})
+    name, drift, variant = name.partition("+")
     name = f"vaco_{DEFAULT_FORM}" if name == "vaco" else name
-    if name not in METHODS[1 : 1 + len(VACO_FORMS)]:
+    if name not in METHODS[1 : 1 + len(VACO_FORMS)] or (drift and (variant, name) != ("drift", "vaco_sequence")):
         raise ValueError(
-            f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO, tvpo and opsm"
+            f"unknown method {method!r}: use one of {', '.join(METHODS)}, optionally with @<δ> for VACO and opsm, "
+            "or vaco_sequence+drift"
         )
+    tv_threshold = float(threshold) if at else args.tv_threshold
     form = name.removeprefix("vaco_")
-    default_threshold = DEFAULT_TV_THRESHOLD[form] if args.tv_threshold is None else args.tv_threshold
-    tv_threshold = float(threshold) if at else default_threshold
+    name = f"{name}+drift" if drift else name
     canonical = f"{name}@{threshold}" if at else name
-    return Method(canonical, "vaco", form, tv_threshold, f"GRPO+VACO ({form} form, δ={tv_threshold})")
+    label = f"GRPO+VACO ({form} form{', drift test' if drift else ''}, δ={tv_threshold})"
+    return Method(canonical, "vaco", form, tv_threshold, label, {"filter_drift": True} if drift else {})
 
 
 def parse_lag(label: str) -> int | str:
@@ -205,8 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         nargs="+",
         default=list(METHODS[: 1 + len(VACO_FORMS)]),
-        help=f"{', '.join(METHODS)}, or vaco_<form>@<δ>, tvpo@<δ>, opsm@<δ>; vaco = vaco_{DEFAULT_FORM} "
-        "(default: GRPO and the VACO forms)",
+        help=f"{', '.join(METHODS)} (δ = --tv-threshold), or vaco_<form>@<δ>, opsm@<δ>, "
+        f"vaco_sequence+drift[@<δ>] (the TV test on π_θ/μ); vaco = vaco_{DEFAULT_FORM} (default: GRPO and the VACO forms)",
     )
     parser.add_argument(
         "--lags",
@@ -247,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-completion-length", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--epsilon", type=float, default=0.2, help="GRPO's clip range")
-    parser.add_argument("--tv-threshold", type=float, default=None, help="VACO's δ (default: each form's, 0.2 for tvpo)")
+    parser.add_argument("--tv-threshold", type=float, default=0.2, help="VACO's δ")
     parser.add_argument(
         "--rho-bar",
         type=float,

@@ -25,7 +25,6 @@ from trl import GRPOTrainer
 from sb3_vaco.common.losses import MAX_LOG_RATIO, tv_filtered_surrogate
 from sb3_vaco.llm import (
     SUPPORTED_TRL,
-    VACO_FORMS,
     VACOGRPOConfig,
     VACOGRPOTrainer,
     check_trl,
@@ -35,7 +34,6 @@ from sb3_vaco.llm import (
     vaco_sequence_loss,
     vaco_token_loss,
 )
-from sb3_vaco.llm.grpo import DEFAULT_TV_THRESHOLD
 from vaco_lab.math_task import (
     build_tiny_model,
     build_tokenizer,
@@ -159,9 +157,9 @@ def test_sequence_form_drops_tv_increasing_tokens_of_completions_over_budget():
 def test_sequence_form_drift_test_measures_the_learner():
     # No lag (ρ = 1), the learner has moved to π_θ = π_T / 2: q = π_θ/μ = 0.5, D_i = ¼ > δ for both completions
     no_lag = th.zeros(2, 3)
-    out, grad = _sequence_loss(log_rho=no_lag, ratio=0.5, tv_threshold=0.2, filter_drift=False)
-    assert out.filter_active == 0.0 and th.equal(out.mask, TOKEN_MASK)  # TVPO tests ρ only
     out, grad = _sequence_loss(log_rho=no_lag, ratio=0.5, tv_threshold=0.2)
+    assert out.filter_active == 0.0 and th.equal(out.mask, TOKEN_MASK)  # the default tests ρ only
+    out, grad = _sequence_loss(log_rho=no_lag, ratio=0.5, tv_threshold=0.2, filter_drift=True)
     assert out.filter_active == 1.0 and out.tv_estimate.item() == pytest.approx(0.25)
     # Â = −1 would push q further below 1: completion 1 dropped; Â = +1 pulls it back: kept (r = 0.5 < 1 − ε with
     # Â > 0 is not clipped)
@@ -169,9 +167,9 @@ def test_sequence_form_drift_test_measures_the_learner():
     assert th.equal(grad[1], th.zeros(3)) and bool((grad[0] != 0).all())
     # Without drift (π_θ = π_T) the two tests coincide
     for threshold in (0.05, 0.2):
-        tvpo, tvpo_grad = _sequence_loss(tv_threshold=threshold, filter_drift=False)
-        drift, drift_grad = _sequence_loss(tv_threshold=threshold)
-        assert th.equal(tvpo.mask, drift.mask) and th.equal(tvpo_grad, drift_grad)
+        default, default_grad = _sequence_loss(tv_threshold=threshold)
+        drift, drift_grad = _sequence_loss(tv_threshold=threshold, filter_drift=True)
+        assert th.equal(default.mask, drift.mask) and th.equal(default_grad, drift_grad)
 
 
 def test_sequence_form_truncates_weights_and_clips():
@@ -237,19 +235,13 @@ def test_forms_coincide_without_lag(sequence_ratio):
     assert token.filter_active == 1.0 and 0 < token.mask.sum() < (mask.sum() if not sequence_ratio else 8)
     assert token.loss.item() == pytest.approx(decoupled.loss.item())
     assert th.equal(token.mask, decoupled.mask)
-    # ... and the sequence form is PPO's clipped surrogate (ρ = 1, weights 1) where nothing is filtered: TVPO's test
-    # on ρ never fires, the drift test on π_θ/μ not under its budget
+    # ... and the sequence form is PPO's clipped surrogate (ρ = 1: nothing filtered, weights 1)
+    sequence = vaco_sequence_loss(logps, proximal, proximal, advantages, mask, 0.0)
     ratio = th.exp(logps.detach() - proximal)
     a = advantages[:, None]
-    clipped = -(th.min(ratio * a, th.clamp(ratio, 0.8, 1.2) * a) * mask).sum().item() / mask.sum().item()
-    for sequence in (
-        vaco_sequence_loss(logps, proximal, proximal, advantages, mask, 0.0, filter_drift=False),
-        vaco_sequence_loss(logps, proximal, proximal, advantages, mask, 10.0),
-    ):
-        assert sequence.loss.item() == pytest.approx(clipped)
-        assert sequence.filter_active == 0.0 and th.equal(sequence.mask, mask)
-    drift = vaco_sequence_loss(logps, proximal, proximal, advantages, mask, 0.0)
-    assert drift.filter_active > 0.0 and drift.mask.sum() < mask.sum()
+    clipped = th.min(ratio * a, th.clamp(ratio, 0.8, 1.2) * a)
+    assert sequence.loss.item() == pytest.approx(-(clipped * mask).sum().item() / mask.sum().item())
+    assert sequence.filter_active == 0.0 and th.equal(sequence.mask, mask)
 
 
 def test_extract_answer():
@@ -492,11 +484,8 @@ def test_config_validation(tmp_path):
         VACOGRPOConfig(vaco_form="decoupled", rho_bar=0.0, **common)
     with pytest.raises(ValueError, match="stale_actor_as"):
         VACOGRPOConfig(stale_actor_as="nope", **common)
-    # each form's own δ unless given
-    assert [VACOGRPOConfig(vaco_form=form, **common).tv_threshold for form in VACO_FORMS] == [
-        DEFAULT_TV_THRESHOLD[form] for form in VACO_FORMS
-    ]
-    assert VACOGRPOConfig(tv_threshold=0.3, **common).tv_threshold == 0.3
+    with pytest.raises(ValueError, match="filter_drift"):
+        VACOGRPOConfig(vaco_form="token", filter_drift=True, **common)
     with pytest.raises(ValueError, match="vllm_importance_sampling_mode='token_truncate'"):
         VACOGRPOConfig(loss_type="vespo", policy_lag=2, **common)  # TRL's default correction is per sequence
     # the sequence form's token-ratio rule binds VACO only: TRL's losses take sequence ratios (GSPO)
@@ -555,10 +544,7 @@ def test_demo_method_names():
     method = demo.parse_method("vaco@0.05", args)
     expected = ("vaco_sequence@0.05", "vaco", "sequence", 0.05)  # vaco: the trainer's default form
     assert (method.name, method.loss_type, method.form, method.tv_threshold) == expected
-    assert demo.parse_method("vaco_sequence", args).tv_threshold == DEFAULT_TV_THRESHOLD["sequence"]
-    assert demo.parse_method("vaco_sequence", demo.parse_args(["--tv-threshold", "0.3"])).tv_threshold == 0.3
-    tvpo = demo.parse_method("tvpo", args)  # the sequence form without its drift test
-    assert (tvpo.form, tvpo.tv_threshold, dict(tvpo.settings)) == ("sequence", 0.2, {"filter_drift": False})
+    assert demo.parse_method("vaco_sequence", args).tv_threshold == args.tv_threshold
     with pytest.raises(ValueError, match="unknown method"):
         demo.parse_method("vaco_nope", args)
     assert args.accuracy == "sampled" and demo.parse_args(["--eval-samples", "0"]).accuracy == "greedy"

@@ -33,9 +33,6 @@ VACO_FORMS = ("token", "sequence", "decoupled")
 
 #: Default truncation ``ρ̄`` of ``π_T/μ`` per form: open-instruct's [0, 2] for TVPO, SB3's ``VACO`` decoupled ``min(1, ·)``
 DEFAULT_RHO_BAR = {"token": math.inf, "sequence": 2.0, "decoupled": 1.0}
-#: Each form's TV budget ``δ`` when ``tv_threshold`` is not given (the ``"sequence"`` form's was tuned with its drift
-#: test, ``docs/llm.md``; the others are the paper's)
-DEFAULT_TV_THRESHOLD = {"token": 0.2, "sequence": 0.1, "decoupled": 0.2}
 
 #: The TRL releases this trainer is tested with (``setup.cfg``'s ``llm`` extra says the same)
 SUPPORTED_TRL = ">=1.16,<1.17"
@@ -87,21 +84,18 @@ class VACOGRPOConfig(GRPOConfig):
     loss types (``"dapo"``, ``"grpo"``, ...) runs unchanged on the same (possibly lagged) generations.
 
     :param vaco_form: which of VACO's forms (``μ``: the generating policy, ``π_T``: the learner when the batch
-        entered training; formulas in :mod:`sb3_vaco.llm.losses`): ``"sequence"`` (the default: PPO's clip on
-        ``π_θ/π_T``, ``epsilon`` / ``epsilon_high``, weighted by ``min(π_T/μ, ρ̄)``, tokens that would increase a
-        completion's TV ``½·mean|π_θ/μ − 1|`` over ``δ`` dropped; open-instruct's TVPO with ``filter_drift=False``),
-        ``"token"`` (the paper's rule: TV filter on
+        entered training; formulas in :mod:`sb3_vaco.llm.losses`): ``"sequence"`` (the default; open-instruct's
+        TVPO: PPO's clip on ``π_θ/π_T``, ``epsilon`` / ``epsilon_high``, weighted by ``min(π_T/μ, ρ̄)``, tokens that
+        would increase a completion's TV over ``δ`` dropped), ``"token"`` (the paper's rule: TV filter on
         ``π_θ/μ``, one sample per token, no clip) or ``"decoupled"`` (TV filter on ``π_θ/π_T``, weighted by
         ``min(π_T/μ, ρ̄)``). The default is the form that kept GRPO's gain under lag in the demo's calibration
         (``docs/llm.md``); the unclipped forms were unstable there.
         ``importance_sampling_level="sequence"`` makes the ratio, the TV estimate and the mask of the ``"token"``
         and ``"decoupled"`` forms per completion (``exp`` of the mean token log-ratio, as in GSPO).
     :param tv_threshold: the TV budget ``δ``: per micro-batch (``"token"``, ``"decoupled"``) or per completion
-        (``"sequence"``); always a TV, ``½·mean|ratio − 1|``; by default the form's own: 0.1 for ``"sequence"``, 0.2
-        (the paper's) for the others
-    :param filter_drift: the ``"sequence"`` form's TV test measures ``π_θ/μ``, the lag plus the learner's drift
-        during the update (the default, the paper's ratio), or with ``False`` ``π_T/μ``, the lag when the batch entered
-        training (open-instruct's TVPO); the other forms always test ``π_θ``
+        (``"sequence"``); always a TV, ``½·mean|ratio − 1|``
+    :param filter_drift: the ``"sequence"`` form's TV test measures ``π_θ/μ`` (the lag plus the learner's drift
+        during the update) instead of ``π_T/μ`` (the lag when the batch entered training)
     :param rho_bar: truncation ``ρ̄`` of the importance weight ``π_T/μ`` (``"sequence"`` and ``"decoupled"``;
         ``inf``: none); by default the form's own: 2 for ``"sequence"`` (open-instruct's), 1 for ``"decoupled"``
         (as SB3's ``VACO``)
@@ -132,12 +126,9 @@ class VACOGRPOConfig(GRPOConfig):
     vaco_form: str = field(
         default="sequence", metadata={"help": "VACO's form for loss_type='vaco': 'sequence', 'token' or 'decoupled'."}
     )
-    tv_threshold: float | None = field(
-        default=None,
-        metadata={"help": "TV budget δ (per micro-batch, or per completion; default: 0.1 for 'sequence', else 0.2)."},
-    )
+    tv_threshold: float = field(default=0.2, metadata={"help": "TV budget δ (per micro-batch, or per completion)."})
     filter_drift: bool = field(
-        default=True, metadata={"help": "'sequence' form: the TV test on π_θ/μ (lag and drift), or on π_T/μ (TVPO)."}
+        default=False, metadata={"help": "'sequence' form: the TV test on π_θ/μ (lag and drift) instead of π_T/μ."}
     )
     rho_bar: float | None = field(
         default=None,
@@ -183,8 +174,8 @@ class VACOGRPOConfig(GRPOConfig):
                 "vaco_form='sequence' (the default) takes token ratios: use importance_sampling_level='token', or "
                 "vaco_form='token' / 'decoupled' for ratios per completion"
             )
-        if self.tv_threshold is None:
-            self.tv_threshold = DEFAULT_TV_THRESHOLD[self.vaco_form]
+        if self.filter_drift and self.vaco_form != "sequence":
+            raise ValueError(f"`filter_drift` applies to vaco_form='sequence' only, got vaco_form={self.vaco_form!r}")
         if self.tv_threshold < 0:
             raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
         if not self.rho_bar > 0:
@@ -251,9 +242,9 @@ class VACOGRPOTrainer(GRPOTrainer):
     ``loss_type="vaco"``, the loss of each micro-batch is one of VACO's forms (``vaco_form``), with ``μ`` the
     policy that generated the completion and ``π_T`` the learner when the batch entered training:
 
-    * ``"sequence"`` (default): clip on ``π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``, tokens dropped where the
-      completion's TV ``½·mean_t|π_θ/μ − 1|`` exceeds ``δ`` and the update would increase it (on ``π_T/μ`` with
-      ``filter_drift=False``: open-instruct's TVPO), :func:`~sb3_vaco.llm.losses.vaco_sequence_loss`;
+    * ``"sequence"`` (default), open-instruct's TVPO: clip on ``π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``, tokens dropped
+      where the completion's TV ``½·mean_t|π_T/μ − 1|`` exceeds ``δ`` and the update would increase it,
+      :func:`~sb3_vaco.llm.losses.vaco_sequence_loss`;
     * ``"token"``, the paper's rule: TV filter on ``q_t = π_θ/μ``, no clip,
       :func:`~sb3_vaco.llm.losses.vaco_token_loss`;
     * ``"decoupled"``: TV filter on ``q_t = π_θ/π_T``, weight ``min(π_T/μ, ρ̄)``,
@@ -296,9 +287,8 @@ class VACOGRPOTrainer(GRPOTrainer):
                 )
         self._steps_per_generation = int(config.steps_per_generation or 1)  # set by GRPOConfig.__post_init__
         self._cast_lm_head_to_fp32 = config.cast_lm_head_to_fp32
+        self.tv_threshold = config.tv_threshold
         self.vaco_form = config.vaco_form
-        tv_threshold = config.tv_threshold
-        self.tv_threshold = float(DEFAULT_TV_THRESHOLD[self.vaco_form] if tv_threshold is None else tv_threshold)
         self.filter_drift = config.filter_drift
         self.rho_bar = float(config.rho_bar if config.rho_bar is not None else DEFAULT_RHO_BAR[self.vaco_form])
         self.policy_lag = config.injected_lag

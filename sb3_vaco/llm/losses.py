@@ -10,8 +10,8 @@ VACO's forms for LLM RL as pure functions of per-token log-probs, advantages and
 Forms (``VACOGRPOConfig.vaco_form``):
 
 * ``"token"`` (:func:`vaco_token_loss`): the paper's TV filter on ``q = π_θ/μ``, one sample per token;
-* ``"sequence"`` (:func:`vaco_sequence_loss`): PPO's clip on ``π_θ/π_T``, weighted by the truncated ``ρ = π_T/μ``,
-  with a per-completion TV test on ``π_θ/μ`` (on ``ρ``: the co-authors' LLM port, "TVPO");
+* ``"sequence"`` (:func:`vaco_sequence_loss`): the co-authors' LLM port ("TVPO"): PPO's clip on ``π_θ/π_T``,
+  weighted by the truncated ``ρ = π_T/μ``, with a per-completion TV test on ``ρ``;
 * ``"decoupled"`` (:func:`vaco_decoupled_loss`): the TV filter around the proximal policy (``q = π_θ/π_T``),
   weighted by the truncated ``ρ = π_T/μ`` (decoupled PPO, with the filter in place of the clip).
 
@@ -203,28 +203,28 @@ def vaco_sequence_loss(
     rho_bar: float = 2.0,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
-    filter_drift: bool = True,
+    filter_drift: bool = False,
 ) -> FilteredLoss:
     """
-    The ``"sequence"`` form: PPO's clipped surrogate on the ratio to the proximal policy ``π_T``, each token weighted
-    by the truncated importance weight ``ρ = π_T/μ``, and the tokens of a completion whose ``q = π_θ/μ`` is already
-    far from 1 dropped when their update would move ``q`` further::
+    The ``"sequence"`` form, the co-authors' LLM port of VACO ("TVPO"): PPO's clipped surrogate on the ratio to the
+    proximal policy ``π_T``, each token weighted by the truncated importance weight ``ρ = π_T/μ``, and the tokens
+    of a completion whose ``ρ`` is already far from 1 dropped when their update would move ``ρ`` further::
 
-        ρ_t = exp( clamp(log π_T − log μ, ±10) ),  q_t = exp( clamp(log π_θ − log μ, ±10) )     (no gradient)
-        D_i = ½ · mean_{t ∈ i} |q_t − 1|                          (the completion's TV estimate)
-        m_t = 0  if  D_i > δ  and  sign(log q_t) · Â_i > 0  else 1
+        ρ_t = exp( clamp(log π_T − log μ, ±10) )                 (no gradient)
+        D_i = ½ · mean_{t ∈ i} |ρ_t − 1|                          (the completion's TV estimate)
+        m_t = 0  if  D_i > δ  and  sign(log ρ_t) · Â_i > 0  else 1
         w_t = m_t · min(ρ_t, ρ̄)                                   (truncated importance sampling)
         r_t = π_θ / π_T
         L   = − mean_t( w_t · min( r_t · Â_i, clip(r_t, 1 − ε_low, 1 + ε_high) · Â_i ) )
 
-    The test is the paper's, on the whole distance from the data (the lag, plus the learner's drift during the update
-    so far), once per completion; the clip bounds each token's drift. A completion the learner has already moved away
-    from is dropped on the side that would move it further, which is what off-policy sequence masking does on its
-    negative-advantage side. With ``filter_drift=False`` the test is on ``ρ`` (``q`` at the start of the update):
-    the co-authors' LLM port of VACO ("TVPO", open-instruct), which leaves the drift to the clip. The TV estimate
-    carries the ½ of the total variation, so ``δ`` has the same meaning in every form (open-instruct compares
-    ``mean|ρ − 1|`` with its bound ``b``: ``b = 2δ``). A completion whose tokens are all dropped contributes exactly
-    zero gradient.
+    The filter tests the lag already present when the batch enters training (``π_T`` vs ``μ``), once per
+    completion; the clip bounds the drift during training. With ``filter_drift=True`` the test (``D_i`` and the
+    sign) is on ``q_t = π_θ/μ`` instead of ``ρ_t``: the paper's ratio, the lag plus the drift of the learner during
+    the update so far, so a completion the learner has already moved away from is dropped too (as off-policy
+    sequence masking does on its negative-advantage side, measured against ``π_θ``). The TV estimate carries the ½
+    of the total variation,
+    so ``δ`` has the same meaning in every form (open-instruct compares ``mean|ρ − 1|`` with its bound ``b``:
+    ``b = 2δ``). A completion whose tokens are all dropped contributes exactly zero gradient.
 
     :param logps: ``log π_θ``, shape ``(B, T)`` (with gradient)
     :param proximal_logps: ``log π_T``, shape ``(B, T)``
@@ -235,7 +235,7 @@ def vaco_sequence_loss(
     :param rho_bar: the truncation ``ρ̄`` of the weights (open-instruct: 2)
     :param epsilon_low: PPO's lower clip range
     :param epsilon_high: PPO's upper clip range
-    :param filter_drift: test ``q = π_θ/μ`` (lag and drift); ``False``: ``ρ = π_T/μ`` (lag only, TVPO)
+    :param filter_drift: test ``π_θ/μ`` (lag and drift) instead of ``π_T/μ`` (lag only)
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
