@@ -222,9 +222,8 @@ def vaco_sequence_loss(
     sign) is on ``q_t = π_θ/μ`` instead of ``ρ_t``: the paper's ratio, the lag plus the drift of the learner during
     the update so far, so a completion the learner has already moved away from is dropped too (as off-policy
     sequence masking does on its negative-advantage side, measured against ``π_θ``). The TV estimate carries the ½
-    of the total variation,
-    so ``δ`` has the same meaning in every form (open-instruct compares ``mean|ρ − 1|`` with its bound ``b``:
-    ``b = 2δ``). A completion whose tokens are all dropped contributes exactly zero gradient.
+    of the total variation, so ``δ`` has the same meaning in every form (open-instruct compares ``mean|ρ − 1|`` with
+    its bound ``b``: ``b = 2δ``). A completion whose tokens are all dropped contributes exactly zero gradient.
 
     :param logps: ``log π_θ``, shape ``(B, T)`` (with gradient)
     :param proximal_logps: ``log π_T``, shape ``(B, T)``
