@@ -520,6 +520,15 @@ def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int 
     return "\n".join(lines) + "\n"
 
 
+def paired_verdict(low: float, high: float, reference: str, method: str, verb: str) -> str:
+    """The verdict a 95 % CI ``[low, high]`` of ``reference − method`` supports: who ``verb``s more, or neither."""
+    if low > 0:
+        return f"{reference} {verb} more"
+    if high < 0:
+        return f"{method} {verb} more"
+    return "no significant difference"
+
+
 def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps: int = 2000, seed: int = 0) -> str:
     """
     A markdown table: at each lag, the share of its own lag-0 gain that ``reference`` keeps minus the share each other
@@ -551,9 +560,7 @@ def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
             difference = ref_kept - kept
             low, high = np.nanpercentile(difference, [2.5, 97.5])
             point_ref, point = ref_lag.mean() / ref_0.mean(), lag_gain.mean() / zero_gain.mean()
-            verdict = (
-                f"{reference} keeps more" if low > 0 else f"{method} keeps more" if high < 0 else "no significant difference"
-            )
+            verdict = paired_verdict(low, high, reference, method, "keeps")
             lines.append(
                 f"| {lag} | {method} | {point_ref:.2f} | {point:.2f} | {point_ref - point:+.2f} [{low:+.2f}, {high:+.2f}] "
                 f"| {len(seeds)} | {verdict} |"
@@ -586,9 +593,7 @@ def gain_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
             difference = np.array([ours[s] - theirs[s] for s in seeds])
             boot = difference[rng.integers(len(seeds), size=(reps, len(seeds)))].mean(axis=1)
             low, high = np.percentile(boot, [2.5, 97.5])
-            verdict = (
-                f"{reference} gains more" if low > 0 else f"{method} gains more" if high < 0 else "no significant difference"
-            )
+            verdict = paired_verdict(low, high, reference, method, "gains")
             lines.append(
                 f"| {lag} | {method} | {difference.mean():+.3f} [{low:+.3f}, {high:+.3f}] | {len(seeds)} | {verdict} |"
             )

@@ -241,9 +241,12 @@ def vaco_sequence_loss(
     valid = token_mask.bool()
     n_valid = token_mask.sum().clamp(min=1.0)
     with th.no_grad():
-        log_rho = th.where(valid, th.clamp(proximal_logps - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
-        tested = logps.detach() if filter_drift else proximal_logps
-        log_tested = th.where(valid, th.clamp(tested - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+
+        def log_ratio_to_behavior(numerator: th.Tensor) -> th.Tensor:
+            return th.where(valid, th.clamp(numerator - behavior_logps, -MAX_LOG_RATIO, MAX_LOG_RATIO), 0.0)
+
+        log_rho = log_ratio_to_behavior(proximal_logps)
+        log_tested = log_ratio_to_behavior(logps.detach()) if filter_drift else log_rho
         sequence_tv = 0.5 * sequence_mean(th.abs(th.exp(log_tested) - 1.0), token_mask)  # (B, 1)
         over_budget = sequence_tv > tv_threshold
         increases_tv = th.sign(log_tested) * advantages > 0
