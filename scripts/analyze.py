@@ -9,9 +9,12 @@ Works on a partly finished grid (every number states its n) and on a single seed
     python scripts/analyze.py results/main --out docs/results/main --reps 5000
     python scripts/analyze.py results/study/delta results/main --envs HalfCheetah-v5  # pool grids, one env
     python scripts/analyze.py results/study/kl results/main --lags 4                  # only some lag settings
+    python scripts/analyze.py results/peers results/main results/heldout --algorithms vaco lagged_ppo decoupled_ppo \
+        impala appo ppo_kl lagged_trpo --versus vaco  # VACO against the best of the others per cell: peers.md
 
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
-``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png``. ``docs/benchmarks.md`` explains the
+``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png`` (and with ``--versus``: ``peers.md``,
+``peers.csv``). ``docs/benchmarks.md`` explains the
 scores and their normalization.
 
 ``--wallclock`` adds the wall-clock analysis of runs whose evaluations are timed (``vaco_lab.wallclock``; runs
@@ -39,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output folder (default: <first results dir>/analysis)")
     parser.add_argument("--envs", nargs="+", help="analyze only these envs (default: all)")
     parser.add_argument("--lags", nargs="+", help="analyze only these lag settings, e.g. 0 4 0-8 (default: all)")
+    parser.add_argument("--algorithms", nargs="+", help="analyze only these algorithms (default: all)")
+    parser.add_argument(
+        "--versus", help="also compare this algorithm with the best of the others per env and lag (peers.md, peers.csv)"
+    )
     parser.add_argument("--reference", default="lagged_ppo", help="algorithm the others are compared with and normalized by")
     parser.add_argument("--reference-lag", default="0", help="lag setting of the normalization reference")
     parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples per CI")
@@ -56,7 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     out_dir = args.out or args.results_dirs[0] / "analysis"
-    runs = analyze(args.results_dirs, out_dir, args.reference, args.reference_lag, args.reps, args.seed, args.envs, args.lags)
+    runs = analyze(
+        args.results_dirs,
+        out_dir,
+        args.reference,
+        args.reference_lag,
+        args.reps,
+        args.seed,
+        args.envs,
+        args.lags,
+        args.algorithms,
+        args.versus,
+    )
     print(f"Analyzed {len(runs)} runs: {out_dir / 'results.md'}")
     if args.summary:
         print((out_dir / "summary.md").read_text())

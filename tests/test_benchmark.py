@@ -372,6 +372,14 @@ def test_analyze_single_seed(grid_dir: Path, tmp_path: Path) -> None:
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["algorithm"]) == ["lagged_ppo", "vaco"]
     assert runs[["final_norm", "auc_norm"]].notna().all().all()
+    # --versus: the peers table, here with LaggedPPO as the only peer; --algorithms keeps only the ones named
+    versus = tmp_path / "versus"
+    run_script("analyze.py", str(grid_dir), "--out", str(versus), "--reps", "50", "--versus", "vaco")
+    peers = pd.read_csv(versus / "peers.csv")
+    assert set(peers["best peer"]) == {"lagged_ppo"} and {"vaco", "vaco / best peer low"} <= set(peers.columns)
+    alone = tmp_path / "alone"
+    run_script("analyze.py", str(grid_dir), "--out", str(alone), "--reps", "50", "--algorithms", "vaco")
+    assert set(pd.read_csv(alone / "runs.csv")["algorithm"]) == {"vaco"}
 
 
 def test_analysis_pools_grids_and_filters_envs(grid_dir: Path, tmp_path: Path) -> None:
@@ -498,3 +506,29 @@ def test_robustness_table_flags_envs_worse_than_the_baseline() -> None:
     assert lag4["IQM / own lag 0"].value == pytest.approx(metrics.aggregate_iqm(scores) / metrics.aggregate_iqm(baseline))
     assert lag4["envs worse (CI < 1)"] == "B"
     assert table[table["lag"] == "0"].iloc[0]["envs worse (CI < 1)"] == "none"
+
+
+def test_peer_table_names_the_best_peer_and_what_the_ci_says() -> None:
+    """Per env the best other algorithm is named and the focus's IQM ratio to it is in closed form; the aggregate
+    row is over the envs every algorithm has."""
+    rows = []
+    scores = {("A", "vaco"): 2.0, ("A", "appo"): 1.0, ("A", "ppo_kl"): 1.5, ("B", "vaco"): 0.5, ("B", "appo"): 1.0}
+    scores[("B", "ppo_kl")] = 0.8
+    for (env, algorithm), score in scores.items():
+        for seed in range(5):
+            rows.append({"env": env, "algorithm": algorithm, "lag": "16", "seed": seed, "final_norm": score + 0.01 * seed})
+    rows.append({"env": "C", "algorithm": "vaco", "lag": "16", "seed": 0, "final_norm": 1.0})  # no peer on C
+    table = analysis.peer_table(pd.DataFrame(rows), "vaco", ["vaco", "appo", "ppo_kl"], 200, np.random.default_rng(0))
+    cells = table.set_index("env")
+    assert list(cells.index) == ["A", "B", "IQM over 2 envs"]
+    assert cells.loc["A", "best peer"] == "ppo_kl" and cells.loc["B", "best peer"] == "appo"
+    assert cells.loc["A", "vaco / best peer"].value == pytest.approx(2.02 / 1.52)
+    assert (cells.loc["A", "verdict"], cells.loc["B", "verdict"]) == ("better", "worse")
+    from rliable import metrics
+
+    both = {name: np.array([[scores[("A", name)] + 0.01 * s, scores[("B", name)] + 0.01 * s] for s in range(5)])
+            for name in ("vaco", "appo", "ppo_kl")}  # fmt: skip
+    best = max(("appo", "ppo_kl"), key=lambda name: metrics.aggregate_iqm(both[name]))
+    assert cells.loc["IQM over 2 envs", "best peer"] == best
+    expected = metrics.aggregate_iqm(both["vaco"]) / metrics.aggregate_iqm(both[best])
+    assert cells.loc["IQM over 2 envs", "vaco / best peer"].value == pytest.approx(expected)

@@ -348,6 +348,46 @@ def robustness_table(
     return pd.DataFrame(rows)
 
 
+def peer_table(runs: pd.DataFrame, focus: str, algorithms: Sequence[str], reps: int, rng: np.random.Generator) -> pd.DataFrame:
+    """
+    ``focus`` against the best of the other algorithms (its peers), per env and lag and over envs per lag.
+
+    Each cell's score is the IQM of its normalized final scores (over seeds; over envs × seeds for the aggregate rows,
+    on the envs every algorithm of the row has). The best peer is the one with the highest point IQM; the ratio
+    ``IQM(focus) / IQM(best peer)`` has a stratified independent bootstrap CI and the verdict it supports.
+    """
+    rows = []
+    peers = [algorithm for algorithm in algorithms if algorithm != focus]
+    for lag in ordered_lags(runs):
+        at_lag = runs[runs["lag"] == lag]
+        envs = sorted(at_lag["env"].unique())
+        for env in [*envs, None]:
+            names = [a for a in algorithms if (at_lag["algorithm"] == a).any()]
+            if env is None:  # the aggregate over the envs every algorithm at this lag has
+                shared = set(envs)
+                for name in names:
+                    shared &= set(at_lag[at_lag["algorithm"] == name]["env"])
+                cell_envs = sorted(shared)
+            else:
+                names = [a for a in names if ((at_lag["algorithm"] == a) & (at_lag["env"] == env)).any()]
+                cell_envs = [env]
+            if focus not in names or not cell_envs or not set(peers) & set(names):
+                continue
+            matrices = {name: score_matrix(at_lag[at_lag["algorithm"] == name], "final_norm", cell_envs) for name in names}
+            row: dict[str, Any] = {"env": env or f"IQM over {len(cell_envs)} envs", "lag": lag}
+            row["n"] = ", ".join(str(len(matrices[name])) for name in names)
+            iqms = {name: stratified_bootstrap(metrics.aggregate_iqm, [matrices[name]], reps, rng) for name in names}
+            for name in algorithms:
+                row[name] = iqms.get(name, np.nan)
+            best = max((name for name in names if name != focus), key=lambda name: iqms[name].value)
+            row["best peer"] = best
+            ratio = stratified_bootstrap(_iqm_ratio, [matrices[focus], matrices[best]], reps, rng)
+            row[f"{focus} / best peer"] = ratio
+            row["verdict"] = ratio.verdict()
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def cell_table(runs: pd.DataFrame, algorithms: Sequence[str]) -> pd.DataFrame:
     """Raw scores and diagnostics per env, algorithm and lag (mean ± sd over seeds)."""
     rows = []
@@ -665,6 +705,29 @@ def summary_table(runs: pd.DataFrame, tables: dict[str, pd.DataFrame], reference
     return header + markdown_table(pd.DataFrame(rows))
 
 
+def intervals_to_columns(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A table for CSV: each column of :class:`Interval` cells becomes three (``name``, ``name low``, ``name high``)."""
+    flat = table.copy()
+    for column in columns:
+        if column in flat:
+            intervals = flat.pop(column)
+            for suffix, part in (("", "value"), (" low", "low"), (" high", "high")):
+                flat[column + suffix] = [getattr(i, part) if isinstance(i, Interval) else np.nan for i in intervals]
+    return flat
+
+
+def peers_report(peers: pd.DataFrame, focus: str, reps: int) -> str:
+    """``peers.md``: the table of :func:`peer_table` with how to read it."""
+    return (
+        f"# {focus} against its peers\n\n"
+        "Per env and lag: each algorithm's IQM of normalized final scores over seeds (1 = the reference's final score, "
+        f"0 = random) with its 95 % stratified-bootstrap CI ({reps} resamples; `[n/a]` = one run); per lag, the IQM over "
+        "the envs every algorithm has (`n`: runs per env, in the columns' order). The best peer is the one with the "
+        f"highest IQM; `{focus} / best peer` is the ratio of the two IQMs with its CI and the verdict it supports: better "
+        "or worse when the CI excludes 1, else no significant difference.\n\n" + markdown_table(peers)
+    )
+
+
 def analyze(
     results_dirs: Sequence[Path],
     out_dir: Path,
@@ -674,11 +737,21 @@ def analyze(
     seed: int,
     envs: Sequence[str] | None = None,
     lags: Sequence[str] | None = None,
+    algorithm_filter: Sequence[str] | None = None,
+    versus: str | None = None,
 ) -> pd.DataFrame:
-    """Load, normalize, aggregate, plot and write the report; return the runs table."""
+    """
+    Load, normalize, aggregate, plot and write the report; return the runs table.
+
+    :param algorithm_filter: analyze only these algorithms (default: all)
+    :param versus: also compare this algorithm with the best of the others per cell (``peers.md``, ``peers.csv``)
+    """
     runs, curves = load_runs(results_dirs, envs, lags)
+    if algorithm_filter is not None and not runs.empty:
+        runs = runs[runs["algorithm"].isin(algorithm_filter)].reset_index(drop=True)
     if runs.empty:
-        selection = "".join(f" for {name} {values}" for name, values in (("envs", envs), ("lags", lags)) if values)
+        filters = (("envs", envs), ("lags", lags), ("algorithms", algorithm_filter))
+        selection = "".join(f" for {name} {values}" for name, values in filters if values)
         raise SystemExit(f"No {RESULT_FILE} under {', '.join(map(str, results_dirs))}{selection}")
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -700,22 +773,19 @@ def analyze(
     tables["robustness"] = robustness_table(runs, algorithms, reference, versus_reference, reps, robustness_rng)
     write_report(out_dir, results_dirs, runs, constants, tables, reference, reps)
     atomic_write_text(out_dir / "summary.md", summary_table(runs, tables, reference))
+    if versus is not None:
+        if versus not in algorithms:
+            raise SystemExit(f"--versus {versus}: no runs of it among {', '.join(algorithms)}")
+        peers = peer_table(runs, versus, algorithms, reps, np.random.default_rng(seed + 2))
+        atomic_write_text(out_dir / "peers.md", peers_report(peers, versus, reps))
+        peers_csv = intervals_to_columns(peers, [*algorithms, f"{versus} / best peer"])
+        atomic_write_text(out_dir / "peers.csv", peers_csv.to_csv(index=False))
     plot_score_vs_lag(runs, tables["aggregate"], algorithms, out_dir / "score_vs_lag.png", reps, rng)
     plot_learning_curves(runs, curves, algorithms, out_dir / "learning_curves.png")
     plot_aggregate_intervals(tables["aggregate"], algorithms, out_dir / "aggregate_intervals.png")
     atomic_write_text(out_dir / "runs.csv", runs.to_csv(index=False))
-    aggregate = tables["aggregate"].copy()
-    for metric in AGGREGATE_METRICS:
-        intervals = aggregate.pop(metric)
-        aggregate[metric] = [i.value for i in intervals]
-        aggregate[f"{metric} low"] = [i.low for i in intervals]
-        aggregate[f"{metric} high"] = [i.high for i in intervals]
+    aggregate = intervals_to_columns(tables["aggregate"], list(AGGREGATE_METRICS))
     atomic_write_text(out_dir / "aggregate.csv", aggregate.to_csv(index=False))
-    robustness = tables["robustness"].copy()
-    for column in ("IQM / baseline", "IQM / own lag 0"):
-        if column in robustness:
-            intervals = robustness.pop(column)
-            for suffix, part in (("", "value"), (" low", "low"), (" high", "high")):
-                robustness[column + suffix] = [getattr(i, part) if isinstance(i, Interval) else np.nan for i in intervals]
+    robustness = intervals_to_columns(tables["robustness"], ["IQM / baseline", "IQM / own lag 0"])
     atomic_write_text(out_dir / "robustness.csv", robustness.to_csv(index=False))
     return runs
