@@ -3,6 +3,7 @@ import torch as th
 
 from sb3_vaco.common.losses import (
     MAX_LOG_RATIO,
+    behavior_kl,
     clipped_surrogate,
     kl_penalty_surrogate,
     safe_ratio,
@@ -124,6 +125,14 @@ def test_spo_penalty_is_zero_at_ratio_one_and_grows():
     ones = th.ones_like(advantages)
     th.testing.assert_close(spo_surrogate(ones, advantages, 0.2), -advantages.mean())
     assert spo_surrogate(1.5 * ones, advantages.abs(), 0.2) > spo_surrogate(1.1 * ones, advantages.abs(), 0.2)
+
+
+def test_behavior_kl_in_closed_form_and_unbiased():
+    """``mean((r − 1) − log r)``: 0.25 for r ∈ {2, 1/2}; on samples of μ = N(0, 1) it estimates KL(μ‖N(0.5, 1)) = 1/8."""
+    th.testing.assert_close(behavior_kl(th.log(th.tensor([2.0, 0.5]))), th.tensor(0.25))
+    actions = th.randn(200_000, generator=th.Generator().manual_seed(0))
+    log_ratio = -0.5 * (actions - 0.5) ** 2 + 0.5 * actions**2  # log π(a) − log μ(a)
+    assert abs(behavior_kl(log_ratio).item() - 0.125) < 0.005
 
 
 def test_kl_penalty_is_nonnegative_and_vanishes_on_policy():

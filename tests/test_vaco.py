@@ -383,3 +383,17 @@ def test_value_target_makes_no_difference_without_lag():
         return model.rollout_buffer.returns.copy()
 
     np.testing.assert_allclose(realigned_targets("vtrace"), realigned_targets("gae"), rtol=1e-5, atol=1e-5)
+
+
+def test_behavior_kl_penalty_is_logged_and_zero_weight_changes_nothing():
+    """β = 0 makes exactly the updates of no penalty; β > 0 logs KL(μ‖π_θ) ≥ 0 and changes the updates under lag."""
+    kwargs = dict(seed=0, policy_lag=2, learning_rate=1e-2, **TINY)
+    plain = VACO("MlpPolicy", "Pendulum-v1", **kwargs).learn(TINY["n_steps"] * 4)
+    zero = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=0.0, **kwargs).learn(TINY["n_steps"] * 4)
+    assert_same_params(plain, zero)
+    assert "train/behavior_kl" not in plain.logger.name_to_value
+    assert zero.logger.name_to_value["train/behavior_kl"] > 0.0  # the learner has moved away from the lagged actor
+    pulled = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=10.0, **kwargs).learn(TINY["n_steps"] * 4)
+    assert any(not th.equal(a, b) for a, b in zip(params_of(plain), params_of(pulled), strict=True))
+    with pytest.raises(ValueError, match="behavior_kl_coef"):
+        VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=-1.0)

@@ -105,6 +105,7 @@ HYPERPARAMETERS: dict[str, Rule] = {
     "tv_behavior_limit": Rule(low=0.0, low_open=True, optional=True),
     # the baselines and the peers
     "kl_coef": _NON_NEGATIVE,
+    "behavior_kl_coef": Rule(low=0.0, optional=True),
     "weight_cap": _POSITIVE,
     "pg_rho_bar": _POSITIVE,
     "is_ratio_clip": _POSITIVE,

@@ -161,11 +161,14 @@ def spo_surrogate(ratio: th.Tensor, advantages: th.Tensor, epsilon: float) -> th
     return -th.mean(ratio * advantages - th.abs(advantages) / (2.0 * epsilon) * (ratio - 1.0) ** 2)
 
 
+def behavior_kl(log_ratio: th.Tensor) -> th.Tensor:
+    """
+    ``KL(μ‖π_θ)`` estimated on the behavior samples from ``log r = log π_θ/μ`` as ``mean((r − 1) − log r)``
+    (non-negative per sample, unbiased; Schulman's k3 estimator with the roles of the two policies as here).
+    """
+    return th.mean((safe_ratio(log_ratio) - 1.0) - log_ratio)
+
+
 def kl_penalty_surrogate(log_ratio: th.Tensor, advantages: th.Tensor, kl_coef: float) -> th.Tensor:
-    """
-    PPO with a fixed KL penalty (Schulman et al., 2017, Eq. 8): ``−mean(r·Â) + β·KL(μ‖π_θ)``, with the
-    KL estimated on the behavior samples as ``mean((r − 1) − log r)`` (non-negative, unbiased).
-    """
-    ratio = safe_ratio(log_ratio)
-    kl = th.mean((ratio - 1.0) - log_ratio)
-    return -th.mean(ratio * advantages) + kl_coef * kl
+    """PPO with a fixed KL penalty (Schulman et al., 2017, Eq. 8): ``−mean(r·Â) + β·KL(μ‖π_θ)`` (:func:`behavior_kl`)."""
+    return -th.mean(safe_ratio(log_ratio) * advantages) + kl_coef * behavior_kl(log_ratio)

@@ -9,7 +9,7 @@ from stable_baselines3.common.utils import FloatSchedule
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.lag_spec import PolicyLagSpec
-from sb3_vaco.common.losses import TV_REFERENCES, safe_ratio, tv_filtered_surrogate
+from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, tv_filtered_surrogate
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
@@ -55,6 +55,10 @@ class VACO(AlignedOnPolicyAlgorithm):
         the rollout's measured lag, ``δ · max(0, 1 − TV(π_T, μ)/τ)``, so the learner stops moving away from data it
         has already left ``τ`` behind (``TV(π_T, μ) = ½·E_μ|π_T/μ − 1|``, logged as ``train/tv_behavior``). Without
         lag the budget is δ. None: no limit (the budget is δ under any lag)
+    :param behavior_kl_coef: β of a penalty ``β·KL(μ‖π_θ)`` to the behavior policy added to the filtered surrogate
+        (PPO's KL penalty, Schulman et al. 2017, Eq. 8, estimated on the samples as ``mean((r − 1) − log r)``,
+        ``r = π_θ/μ``; logged as ``train/behavior_kl``). The forward KL keeps the learner's support over its data:
+        it grows fast where π_θ puts little mass on the actions μ took. None: no penalty
     :param vtrace_rho_bar: Truncation ρ̄ of the importance weight in V-trace's TD errors
     :param vtrace_c_bar: Truncation c̄ of V-trace's trace coefficients
     :param value_target: The critic's targets: ``"gae"`` (the learner's TD(λ) returns) or ``"vtrace"`` (the paper's)
@@ -108,6 +112,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         tv_reference: str = "decoupled",
         ratio_bound: float | None = 0.2,
         tv_behavior_limit: float | None = 0.1,
+        behavior_kl_coef: float | None = None,
         vtrace_rho_bar: float = 1.0,
         vtrace_c_bar: float = 1.0,
         value_target: str = "gae",
@@ -171,6 +176,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         self.tv_reference = tv_reference
         self.ratio_bound = ratio_bound
         self.tv_behavior_limit = tv_behavior_limit
+        self.behavior_kl_coef = behavior_kl_coef
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
@@ -202,6 +208,7 @@ class VACO(AlignedOnPolicyAlgorithm):
             ratio = safe_ratio(log_prob - rollout_data.learner_log_prob)  # q = π_θ/π_T
             weights = th.clamp(safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob), max=1.0)  # min(1, π_T/μ)
         filtered = tv_filtered_surrogate(ratio, advantages, self._update_tv_threshold, weights, self.ratio_bound)
+        loss = filtered.loss
         stats = {
             "tv_estimate": filtered.tv_estimate.item(),
             "filtered_fraction": 1.0 - filtered.mask.mean().item(),
@@ -209,7 +216,11 @@ class VACO(AlignedOnPolicyAlgorithm):
         }
         if self.ratio_bound is not None:
             stats["bound_fraction"] = filtered.bound_fraction
-        return filtered.loss, stats
+        if self.behavior_kl_coef is not None:
+            kl = behavior_kl(log_prob - rollout_data.old_log_prob)
+            loss = loss + self.behavior_kl_coef * kl
+            stats["behavior_kl"] = kl.item()
+        return loss, stats
 
     def _policy_loss_settings(self) -> dict[str, float]:
         return {"tv_threshold": self._update_tv_threshold}
