@@ -14,8 +14,7 @@ Works on a partly finished grid (every number states its n) and on a single seed
 
 Writes to ``<results dir>/analysis`` by default: ``results.md``, ``runs.csv``, ``aggregate.csv``,
 ``score_vs_lag.png``, ``learning_curves.png``, ``aggregate_intervals.png`` (and with ``--versus``: ``peers.md``,
-``peers.csv``). ``docs/benchmarks.md`` explains the
-scores and their normalization.
+``peers.csv``). ``docs/benchmarks.md`` explains the scores and their normalization.
 
 ``--wallclock`` adds the wall-clock analysis of runs whose evaluations are timed (``vaco_lab.wallclock``; runs
 recorded before the runner timed them are left out, with a message): ``wallclock.md`` (median training time to a
