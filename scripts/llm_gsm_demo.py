@@ -27,7 +27,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -481,6 +481,20 @@ def gains_by_run(summary: list[dict[str, Any]], kind: str) -> dict[tuple[str, in
     return table
 
 
+def paired_ci(
+    statistic: Callable[..., np.ndarray], arrays: Sequence[np.ndarray], reps: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """
+    95 % percentile bootstrap CI of ``statistic(*arrays)``, the seeds resampled together (paired: a seed's runs share
+    its warm-up). ``statistic`` reduces over the last axis, so it gives the point estimate on the arrays themselves.
+    """
+    samples = rng.integers(len(arrays[0]), size=(reps, len(arrays[0])))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = statistic(*(array[samples] for array in arrays))
+    low, high = np.nanpercentile(boot, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int = 0) -> str:
     """
     A markdown table of what RL gains in ``kind`` accuracy (``"greedy"`` or ``"sampled"``): per method and lag the mean gain
@@ -499,9 +513,7 @@ def gains(summary: list[dict[str, Any]], kind: str, reps: int = 2000, seed: int 
             return "–"
         if len(seeds) == 1:
             return f"{x.mean() / y.mean():.2f}"
-        samples = rng.integers(len(seeds), size=(reps, len(seeds)))
-        boot = x[samples].mean(axis=1) / y[samples].mean(axis=1)
-        low, high = np.percentile(boot, [2.5, 97.5])
+        low, high = paired_ci(lambda x, y: x.mean(axis=-1) / y.mean(axis=-1), [x, y], reps, rng)
         return f"{x.mean() / y.mean():.2f} [{low:.2f}, {high:.2f}]"
 
     lines = [
@@ -553,12 +565,12 @@ def kept_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
             if len(seeds) < 2:
                 continue
             ref_lag, ref_0, lag_gain, zero_gain = (np.array([table[s] for s in seeds]) for table in tables)
-            samples = rng.integers(len(seeds), size=(reps, len(seeds)))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ref_kept = ref_lag[samples].mean(axis=1) / ref_0[samples].mean(axis=1)
-                kept = lag_gain[samples].mean(axis=1) / zero_gain[samples].mean(axis=1)
-            difference = ref_kept - kept
-            low, high = np.nanpercentile(difference, [2.5, 97.5])
+            low, high = paired_ci(
+                lambda a, b, c, d: a.mean(axis=-1) / b.mean(axis=-1) - c.mean(axis=-1) / d.mean(axis=-1),
+                [ref_lag, ref_0, lag_gain, zero_gain],
+                reps,
+                rng,
+            )
             point_ref, point = ref_lag.mean() / ref_0.mean(), lag_gain.mean() / zero_gain.mean()
             verdict = paired_verdict(low, high, reference, method, "keeps")
             lines.append(
@@ -591,8 +603,7 @@ def gain_against(summary: list[dict[str, Any]], kind: str, reference: str, reps:
             if len(seeds) < 2:
                 continue
             difference = np.array([ours[s] - theirs[s] for s in seeds])
-            boot = difference[rng.integers(len(seeds), size=(reps, len(seeds)))].mean(axis=1)
-            low, high = np.percentile(boot, [2.5, 97.5])
+            low, high = paired_ci(lambda d: d.mean(axis=-1), [difference], reps, rng)
             verdict = paired_verdict(low, high, reference, method, "gains")
             lines.append(
                 f"| {lag} | {method} | {difference.mean():+.3f} [{low:+.3f}, {high:+.3f}] | {len(seeds)} | {verdict} |"

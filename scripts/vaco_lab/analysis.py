@@ -357,21 +357,17 @@ def peer_table(runs: pd.DataFrame, focus: str, algorithms: Sequence[str], reps: 
     ``IQM(focus) / IQM(best peer)`` has a stratified independent bootstrap CI and the verdict it supports.
     """
     rows = []
-    peers = [algorithm for algorithm in algorithms if algorithm != focus]
     for lag in ordered_lags(runs):
         at_lag = runs[runs["lag"] == lag]
         envs = sorted(at_lag["env"].unique())
         for env in [*envs, None]:
             names = [a for a in algorithms if (at_lag["algorithm"] == a).any()]
             if env is None:  # the aggregate over the envs every algorithm at this lag has
-                shared = set(envs)
-                for name in names:
-                    shared &= set(at_lag[at_lag["algorithm"] == name]["env"])
-                cell_envs = sorted(shared)
+                cell_envs = sorted(set.intersection(*(set(at_lag[at_lag["algorithm"] == a]["env"]) for a in names)))
             else:
                 names = [a for a in names if ((at_lag["algorithm"] == a) & (at_lag["env"] == env)).any()]
                 cell_envs = [env]
-            if focus not in names or not cell_envs or not set(peers) & set(names):
+            if focus not in names or len(names) < 2 or not cell_envs:  # no peer to compare with
                 continue
             matrices = {name: score_matrix(at_lag[at_lag["algorithm"] == name], "final_norm", cell_envs) for name in names}
             row: dict[str, Any] = {"env": env or f"IQM over {len(cell_envs)} envs", "lag": lag}
