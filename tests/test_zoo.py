@@ -366,40 +366,59 @@ def test_bad_input_fails_cleanly(logs: Path, tmp_path: Path) -> None:
     run(logs.parent, "enjoy", "--algo", "vaco", "--env", "CartPole-v1", "-f", "logs", "--no-render", "-n", "10")
 
 
-def test_vaco_search_space_is_ppo_space_plus_vaco_knobs(tmp_path: Path) -> None:
+def test_search_spaces_are_the_zoo_spaces_plus_each_algorithms_knobs(tmp_path: Path) -> None:
+    """Every algorithm's sampler: the zoo's PPO (TRPO) space less what it lacks, plus its knobs; trials build models."""
     out = run_python(
         tmp_path,
         """
         import json
         import optuna
-        from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER, sample_ppo_params
-        from sb3_vaco.zoo import register_algos
+        from rl_zoo3.hyperparams_opt import HYPERPARAMS_CONVERTER, HYPERPARAMS_SAMPLER, sample_ppo_params, sample_trpo_params
+        from sb3_vaco.zoo import ZOO_ALGOS, register_algos
         register_algos()
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-        ppo_trial = study.ask()
-        sample_ppo_params(ppo_trial, 1, 1, {})
-        spaces, converted, pruned = {}, None, 0
-        for _ in range(30):
-            trial = study.ask()
-            try:
-                sampled = HYPERPARAMS_SAMPLER["vaco"](trial, 1, 1, {})
-            except optuna.TrialPruned:
-                assert 2 ** trial.params["batch_size_pow"] > 2 ** trial.params["n_steps_pow"]
-                pruned += 1
-                continue
-            assert sampled["batch_size"] <= sampled["n_steps"]
-            assert HYPERPARAMS_CONVERTER["vaco"](trial.params) == sampled
-            spaces = trial.distributions
-        ppo_space = {name: repr(d) for name, d in ppo_trial.distributions.items()}
-        print(json.dumps({"ppo": ppo_space, "vaco": {name: repr(d) for name, d in spaces.items()}, "pruned": pruned}))
+        def new_study():  # one per space: a study rejects a categorical whose choices change (TRPO's net_arch)
+            return optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        zoo = {}
+        for name, sampler in (("ppo", sample_ppo_params), ("trpo", sample_trpo_params)):
+            trial = new_study().ask()
+            sampler(trial, 1, 1, {})
+            zoo[name] = {key: repr(d) for key, d in trial.distributions.items()}
+        spaces, pruned = {}, {}
+        for algo in ("vaco", "lagged_ppo", "decoupled_ppo", "appo", "ppo_kl", "impala", "lagged_trpo"):
+            pruned[algo], study = 0, new_study()
+            for _ in range(12):
+                trial = study.ask()
+                try:
+                    sampled = HYPERPARAMS_SAMPLER[algo](trial, 1, 1, {})
+                except optuna.TrialPruned:
+                    assert 2 ** trial.params["batch_size_pow"] > 2 ** trial.params["n_steps_pow"]
+                    pruned[algo] += 1
+                    continue
+                assert HYPERPARAMS_CONVERTER[algo](trial.params) == sampled, algo
+                ZOO_ALGOS[algo]("MlpPolicy", "CartPole-v1", **sampled)  # every sampled key is a constructor argument
+                spaces[algo] = {key: repr(d) for key, d in trial.distributions.items()}
+        print(json.dumps({"zoo": zoo, "spaces": spaces, "pruned": pruned}))
         """,
     )
-    spaces = json.loads(out.strip().splitlines()[-1])
-    ppo, vaco = spaces["ppo"], spaces["vaco"]
-    assert set(vaco) == (set(ppo) - {"clip_range"}) | {"tv_threshold", "vtrace_rho_bar", "vtrace_c_bar", "tv_reference"}
-    for name in set(ppo) - {"clip_range"}:
-        assert vaco[name] == ppo[name], name  # same ranges and choices as the zoo's PPO sampler
+    result = json.loads(out.strip().splitlines()[-1])
+    ppo, trpo, spaces = result["zoo"]["ppo"], result["zoo"]["trpo"], result["spaces"]
+    no_minibatches = {"clip_range", "batch_size_pow", "n_epochs"}
+    expected = {
+        "vaco": (set(ppo) - {"clip_range"}) | {"tv_threshold", "vtrace_rho_bar", "vtrace_c_bar", "tv_reference"},
+        "lagged_ppo": set(ppo),
+        "decoupled_ppo": set(ppo),
+        "appo": set(ppo),
+        "ppo_kl": (set(ppo) - {"clip_range"}) | {"kl_coef"},
+        "impala": (set(ppo) - no_minibatches) | {"vtrace_rho_bar", "vtrace_c_bar", "normalize_advantage"},
+        "lagged_trpo": set(trpo),
+    }
+    for algo, names in expected.items():
+        assert set(spaces[algo]) == names, algo
+        zoo_space = trpo if algo == "lagged_trpo" else ppo
+        for name in names & set(zoo_space):
+            assert spaces[algo][name] == zoo_space[name], (algo, name)  # the zoo's ranges and choices
+    assert result["pruned"]["impala"] == 0  # one pass over the whole batch: no minibatch to prune
 
 
 def test_shipped_entries_build_models(tmp_path: Path) -> None:

@@ -79,8 +79,8 @@ def config_file(algo: str) -> Path:
 
 def register_algos() -> None:
     """
-    Add VACO, LaggedPPO and the baselines to rl_zoo3's algorithm table, and VACO's and LaggedPPO's Optuna samplers
-    and converters to the zoo's tables, in place (the zoo has no plugin mechanism). Idempotent.
+    Add VACO, LaggedPPO, the baselines and the peers to rl_zoo3's algorithm table, and the Optuna samplers of VACO,
+    LaggedPPO and the peers and their converters to the zoo's tables, in place (no plugin mechanism). Idempotent.
     """
     from rl_zoo3 import hyperparams_opt, utils
 
