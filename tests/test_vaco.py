@@ -21,6 +21,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_vaco import APPO, IMPALA, PPOKL, SPO, VACO, DecoupledPPO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
+from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 
 
 def params_of(model) -> list[th.Tensor]:
@@ -397,3 +398,43 @@ def test_behavior_kl_penalty_is_logged_and_zero_weight_changes_nothing():
     assert any(not th.equal(a, b) for a, b in zip(params_of(plain), params_of(pulled), strict=True))
     with pytest.raises(ValueError, match="behavior_kl_coef"):
         VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=-1.0)
+
+
+def anchor_loss_grad(form: str, log_x: th.Tensor, beta: float = 0.3) -> tuple[th.Tensor, th.Tensor]:
+    """VACO's policy loss and its gradient in log π_θ at the start of an update (π_θ = π_T), log(π_T/μ) = log_x."""
+    model = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=beta, behavior_kl_form=form, tv_threshold=1.0,
+                 ratio_bound=None, tv_behavior_limit=None, **TINY)
+    n = len(log_x)
+    learner_log_prob = th.linspace(-2.0, -0.5, n)
+    data = LaggedRolloutBufferSamples(
+        observations=th.zeros(n, 3), actions=th.zeros(n, 1), old_values=th.zeros(n), old_log_prob=learner_log_prob - log_x,
+        advantages=th.zeros(n), returns=th.zeros(n), learner_log_prob=learner_log_prob,
+    )
+    log_prob = learner_log_prob.clone().requires_grad_(True)
+    advantages = th.linspace(-1.0, 1.0, n)
+    loss, _ = model._policy_loss(log_prob, data, advantages)
+    (grad,) = th.autograd.grad(loss, log_prob)
+    return loss.detach(), grad
+
+
+def test_anchor_in_the_advantage_is_the_penalty_to_first_order_and_nothing_without_lag():
+    """The "advantage" form lowers each advantage by β·log(π_T/μ): the penalty's gradient to first order, 0 at π_T = μ."""
+    small = th.tensor([-2e-3, -1e-3, 1e-3, 2e-3])
+    _, in_loss = anchor_loss_grad("loss", small)
+    _, in_advantage = anchor_loss_grad("advantage", small)
+    _, without = anchor_loss_grad("loss", th.zeros(4), beta=0.0)
+    # The anchor's own part of the gradient, β·(π_T/μ − 1) per sample for both forms, up to O(log²)
+    th.testing.assert_close(in_advantage - without, in_loss - without, rtol=5e-3, atol=1e-9)
+    assert th.all(th.sign(in_advantage - without) == th.sign(small))  # pushes π_θ back towards μ
+    # Without lag (π_T = μ) the advantage form changes nothing, bit for bit
+    loss_plain, grad_plain = anchor_loss_grad("advantage", th.zeros(4), beta=0.0)
+    loss_anchor, grad_anchor = anchor_loss_grad("advantage", th.zeros(4), beta=0.3)
+    assert th.equal(loss_plain, loss_anchor) and th.equal(grad_plain, grad_anchor)
+    plain = VACO("MlpPolicy", "Pendulum-v1", seed=0, **TINY).learn(TINY["n_steps"] * 4)
+    anchored = VACO("MlpPolicy", "Pendulum-v1", seed=0, behavior_kl_coef=0.3, behavior_kl_form="advantage", **TINY)
+    assert_same_params(plain, anchored.learn(TINY["n_steps"] * 4))
+    lagged = [VACO("MlpPolicy", "Pendulum-v1", seed=0, policy_lag=2, behavior_kl_coef=beta, behavior_kl_form="advantage",
+                   **TINY).learn(TINY["n_steps"] * 4) for beta in (0.0, 0.3)]
+    assert any(not th.equal(a, b) for a, b in zip(*map(params_of, lagged), strict=True))  # under lag it acts
+    with pytest.raises(ValueError, match="behavior_kl_form"):
+        VACO("MlpPolicy", "Pendulum-v1", behavior_kl_form="reward")

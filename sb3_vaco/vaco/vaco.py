@@ -11,6 +11,9 @@ from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.lag_spec import PolicyLagSpec
 from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, tv_filtered_surrogate
 
+#: Where VACO's anchor to the data acts (``behavior_kl_form``)
+BEHAVIOR_KL_FORMS = ("loss", "advantage")
+
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
 
@@ -59,6 +62,12 @@ class VACO(AlignedOnPolicyAlgorithm):
         (PPO's KL penalty, Schulman et al. 2017, Eq. 8, estimated on the samples as ``mean((r − 1) − log r)``,
         ``r = π_θ/μ``; logged as ``train/behavior_kl``). The forward KL keeps the learner's support over its data:
         it grows fast where π_θ puts little mass on the actions μ took. None: no penalty
+    :param behavior_kl_form: Where the anchor ``behavior_kl_coef`` acts. ``"loss"``: the penalty above, added to the
+        loss (it acts in every epoch, outside the TV budget). ``"advantage"``: inside the filtered surrogate, each
+        sample's (normalized) advantage lowered by ``β·log(π_T/μ)`` (the KL-in-reward of RLHF's PPO, Ouyang et al.
+        2022, Eq. 2, with the learner at the start of the update in place of π_θ): to first order in ``log(π_T/μ)`` the
+        same gradient at the start of the update, but filtered with the rest, so the budget δ bounds the whole step;
+        without lag (π_T = μ) it is zero
     :param vtrace_rho_bar: Truncation ρ̄ of the importance weight in V-trace's TD errors
     :param vtrace_c_bar: Truncation c̄ of V-trace's trace coefficients
     :param value_target: The critic's targets: ``"gae"`` (the learner's TD(λ) returns) or ``"vtrace"`` (the paper's)
@@ -113,6 +122,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         ratio_bound: float | None = 0.2,
         tv_behavior_limit: float | None = 0.1,
         behavior_kl_coef: float | None = None,
+        behavior_kl_form: str = "loss",
         vtrace_rho_bar: float = 1.0,
         vtrace_c_bar: float = 1.0,
         value_target: str = "gae",
@@ -177,6 +187,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         self.ratio_bound = ratio_bound
         self.tv_behavior_limit = tv_behavior_limit
         self.behavior_kl_coef = behavior_kl_coef
+        self.behavior_kl_form = behavior_kl_form
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
@@ -185,6 +196,10 @@ class VACO(AlignedOnPolicyAlgorithm):
         super()._check_hyperparameters()
         if self.tv_reference not in TV_REFERENCES:
             raise ValueError(f"`tv_reference` must be one of {', '.join(map(repr, TV_REFERENCES))}; got {self.tv_reference!r}")
+        if self.behavior_kl_form not in BEHAVIOR_KL_FORMS:
+            raise ValueError(
+                f"`behavior_kl_form` must be one of {', '.join(map(repr, BEHAVIOR_KL_FORMS))}; got {self.behavior_kl_form!r}"
+            )
 
     def _setup_model(self) -> None:
         super()._setup_model()
@@ -202,6 +217,9 @@ class VACO(AlignedOnPolicyAlgorithm):
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor
     ) -> tuple[th.Tensor, dict[str, float]]:
         """Filter: the TV-filtered surrogate against the reference policy ``tv_reference``."""
+        anchor = self.behavior_kl_coef if self.behavior_kl_form == "advantage" else None
+        if anchor is not None:
+            advantages = advantages - anchor * (rollout_data.learner_log_prob - rollout_data.old_log_prob)  # −β·log(π_T/μ)
         if self.tv_reference == "behavior":
             ratio, weights = safe_ratio(log_prob - rollout_data.old_log_prob), None  # q = π_θ/μ
         else:
@@ -218,7 +236,8 @@ class VACO(AlignedOnPolicyAlgorithm):
             stats["bound_fraction"] = filtered.bound_fraction
         if self.behavior_kl_coef is not None:
             kl = behavior_kl(log_prob - rollout_data.old_log_prob)
-            loss = loss + self.behavior_kl_coef * kl
+            if self.behavior_kl_form == "loss":
+                loss = loss + self.behavior_kl_coef * kl
             stats["behavior_kl"] = kl.item()
         return loss, stats
 
