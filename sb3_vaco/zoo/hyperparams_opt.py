@@ -99,19 +99,6 @@ def sample_vaco_params(trial: optuna.Trial, n_actions: int, n_envs: int, additio
     return convert_vaco_params(params)
 
 
-def sample_lagged_ppo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """
-    Sampler for LaggedPPO: exactly the zoo's PPO space (``policy_lag`` stays as set in the YAML entry or ``-params``).
-
-    :param trial: the Optuna trial
-    :param n_actions: number of actions
-    :param n_envs: number of training environments
-    :param additional_args: extra arguments from the zoo
-    :return: keyword arguments for :class:`~sb3_vaco.LaggedPPO`
-    """
-    return sample_ppo_params(trial, n_actions, n_envs, additional_args)
-
-
 def sample_clipped_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
     """
     Sampler for DecoupledPPO and APPO: the zoo's PPO space, ``clip_range`` included (each clips its own ratio
@@ -163,26 +150,15 @@ def sample_impala_params(trial: optuna.Trial, n_actions: int, n_envs: int, addit
     return convert_onpolicy_params(params)
 
 
-def sample_lagged_trpo_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
-    """
-    Sampler for LaggedTRPO: exactly the zoo's TRPO space (:func:`rl_zoo3.hyperparams_opt.sample_trpo_params`).
-
-    :param trial: the Optuna trial
-    :param n_actions: number of actions
-    :param n_envs: number of training environments
-    :param additional_args: extra arguments from the zoo
-    :return: keyword arguments for :class:`~sb3_vaco.LaggedTRPO`
-    """
-    return sample_trpo_params(trial, n_actions, n_envs, additional_args)
-
-
+# LaggedPPO and LaggedTRPO take exactly the zoo's PPO and TRPO spaces (``policy_lag`` stays as set in the YAML entry
+# or ``-params``)
 HYPERPARAMS_SAMPLER = {
     "vaco": sample_vaco_params,
-    "lagged_ppo": sample_lagged_ppo_params,
+    "lagged_ppo": sample_ppo_params,
     "decoupled_ppo": sample_clipped_params,
     "appo": sample_clipped_params,
     "ppo_kl": sample_ppo_kl_params,
     "impala": sample_impala_params,
-    "lagged_trpo": sample_lagged_trpo_params,
+    "lagged_trpo": sample_trpo_params,
 }
 HYPERPARAMS_CONVERTER = {name: convert_onpolicy_params for name in HYPERPARAMS_SAMPLER} | {"vaco": convert_vaco_params}
