@@ -438,3 +438,48 @@ def test_anchor_in_the_advantage_is_the_penalty_to_first_order_and_nothing_witho
     assert any(not th.equal(a, b) for a, b in zip(*map(params_of, lagged), strict=True))  # under lag it acts
     with pytest.raises(ValueError, match="behavior_kl_form"):
         VACO("MlpPolicy", "Pendulum-v1", behavior_kl_form="reward")
+
+
+def filter_stats(tv_reference: str, log_x: th.Tensor, step: float) -> dict[str, float]:
+    """The filter's diagnostics for a minibatch with ``log(π_T/μ) = log_x`` after the learner moved ``log(π_θ/π_T) = step``."""
+    model = VACO("MlpPolicy", "Pendulum-v1", tv_reference=tv_reference, tv_threshold=0.05, ratio_bound=None,
+                 tv_behavior_limit=None, **TINY)
+    n = len(log_x)
+    learner_log_prob = th.linspace(-2.0, -0.5, n)
+    data = LaggedRolloutBufferSamples(
+        observations=th.zeros(n, 3), actions=th.zeros(n, 1), old_values=th.zeros(n), old_log_prob=learner_log_prob - log_x,
+        advantages=th.zeros(n), returns=th.zeros(n), learner_log_prob=learner_log_prob,
+    )
+    advantages = th.linspace(-1.0, 1.0, n)
+    _, stats = model._policy_loss(learner_log_prob + step * th.sign(advantages), data, advantages)
+    return stats
+
+
+def test_relative_budget_counts_from_the_distance_at_the_start_of_the_update():
+    """
+    ``"behavior_relative"``: ``D̂ = ½·mean|π_θ/μ − 1|`` as in ``"behavior"``, but the filter acts only once it exceeds δ
+    plus its value at π_θ = π_T. Here ``π_T/μ`` is e^{±0.5} (``TV(π_T, μ)`` ≈ 0.26 > δ = 0.05): at the start of the update
+    the paper's filter is already active, the relative one is not; a move of the learner further from μ that takes
+    ``D̂`` more than δ further (each sample's probability × e^{±0.2} along its advantage) activates both.
+    """
+    log_x = 0.5 * th.tensor([-1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0])  # π_T moved from μ along the advantages
+    start_tv = 0.5 * th.mean(th.abs(th.exp(log_x) - 1)).item()
+    assert start_tv > 0.05
+    assert filter_stats("behavior", log_x, 0.0)["filter_active_fraction"] == 1.0
+    assert filter_stats("behavior_relative", log_x, 0.0)["filter_active_fraction"] == 0.0
+    moved = filter_stats("behavior_relative", log_x, 0.2)
+    assert moved["tv_estimate"] > start_tv + 0.05 and moved["filter_active_fraction"] == 1.0
+    # Without lag the relative budget is δ itself: the same filter as the other two references
+    for step in (0.01, 0.2):
+        stats = [filter_stats(reference, th.zeros(8), step) for reference in ("behavior", "decoupled", "behavior_relative")]
+        assert stats[0] == stats[1] == stats[2]
+
+
+def test_relative_budget_is_the_paper_filter_without_lag():
+    kwargs = dict(seed=0, tv_threshold=0.02, learning_rate=1e-2, ratio_bound=None, tv_behavior_limit=None, **TINY)
+    behavior = VACO("MlpPolicy", "Pendulum-v1", tv_reference="behavior", **kwargs).learn(TINY["n_steps"] * 4)
+    relative = VACO("MlpPolicy", "Pendulum-v1", tv_reference="behavior_relative", **kwargs).learn(TINY["n_steps"] * 4)
+    assert_same_params(behavior, relative)
+    lagged = [VACO("MlpPolicy", "Pendulum-v1", tv_reference=reference, policy_lag=3, **kwargs).learn(TINY["n_steps"] * 6)
+              for reference in ("behavior", "behavior_relative")]
+    assert any(not th.equal(a, b) for a, b in zip(*map(params_of, lagged), strict=True))

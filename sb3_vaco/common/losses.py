@@ -10,9 +10,10 @@ from typing import NamedTuple
 
 import torch as th
 
-#: Reference policies of VACO's TV filter: the behavior policy μ (the paper's rule), or the learner π_T at the start of
-#: the update with the samples weighted by min(1, π_T/μ) (decoupled).
-TV_REFERENCES = ("behavior", "decoupled")
+#: Reference policies of VACO's TV filter: the behavior policy μ (the paper's rule), the learner π_T at the start of
+#: the update with the samples weighted by min(1, π_T/μ) (decoupled), or μ with the budget counted from the learner's
+#: distance to μ at the start of the update (behavior_relative).
+TV_REFERENCES = ("behavior", "decoupled", "behavior_relative")
 
 # exp(20) ≈ 4.9e8: far beyond any useful ratio, far below float32 overflow.
 MAX_LOG_RATIO = 20.0

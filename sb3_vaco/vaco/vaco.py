@@ -9,7 +9,7 @@ from stable_baselines3.common.utils import FloatSchedule
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.lag_spec import PolicyLagSpec
-from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, tv_filtered_surrogate
+from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, total_variation, tv_filtered_surrogate
 
 #: Where VACO's anchor to the data acts (``behavior_kl_form``)
 BEHAVIOR_KL_FORMS = ("loss", "advantage")
@@ -50,7 +50,10 @@ class VACO(AlignedOnPolicyAlgorithm):
         0.05 is about PPO's per-update step (TV = ½·E|r − 1| ≤ ε/2 with clip range ε = 0.1); the paper uses 0.2
     :param tv_reference: Reference policy of the TV filter. ``"decoupled"`` (default): ``q = π_θ/π_T``, the drift
         since the update started, samples weighted by ``min(1, π_T/μ)``. ``"behavior"``: ``q = π_θ/μ``, the total lag
-        (the paper's rule). Without lag (π_T = μ) both are the same filter
+        (the paper's rule). ``"behavior_relative"``: ``q = π_θ/μ`` too, but the budget bounds how much further from
+        its data the update takes the learner: the filter acts once ``D̂`` exceeds δ plus the minibatch's distance at
+        the start of the update, ``½·mean|π_T/μ − 1|``, so a learner that starts far from stale data can still move
+        (towards it freely). Without lag (π_T = μ) all three are the same filter
     :param ratio_bound: Per-sample bound ε on ``|q − 1|``: inside the TV budget too, a sample already outside
         ``[1 − ε, 1 + ε]`` whose gradient would push it further is dropped (PPO's clip around the reference, on top of
         the budget, which bounds only the minibatch's average). None: no per-sample bound (the paper's filter)
@@ -220,12 +223,16 @@ class VACO(AlignedOnPolicyAlgorithm):
         anchor = self.behavior_kl_coef if self.behavior_kl_form == "advantage" else None
         if anchor is not None:
             advantages = advantages - anchor * (rollout_data.learner_log_prob - rollout_data.old_log_prob)  # −β·log(π_T/μ)
-        if self.tv_reference == "behavior":
-            ratio, weights = safe_ratio(log_prob - rollout_data.old_log_prob), None  # q = π_θ/μ
-        else:
+        tv_threshold = self._update_tv_threshold
+        if self.tv_reference == "decoupled":
             ratio = safe_ratio(log_prob - rollout_data.learner_log_prob)  # q = π_θ/π_T
             weights = th.clamp(safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob), max=1.0)  # min(1, π_T/μ)
-        filtered = tv_filtered_surrogate(ratio, advantages, self._update_tv_threshold, weights, self.ratio_bound)
+        else:
+            ratio, weights = safe_ratio(log_prob - rollout_data.old_log_prob), None  # q = π_θ/μ
+        if self.tv_reference == "behavior_relative":
+            # δ on top of D̂ at π_θ = π_T: the learner's distance to this minibatch's data at the start of the update
+            tv_threshold += total_variation(rollout_data.learner_log_prob - rollout_data.old_log_prob).item()
+        filtered = tv_filtered_surrogate(ratio, advantages, tv_threshold, weights, self.ratio_bound)
         loss = filtered.loss
         stats = {
             "tv_estimate": filtered.tv_estimate.item(),
