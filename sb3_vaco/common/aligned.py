@@ -342,7 +342,8 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
                 loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
                 with th.no_grad():
-                    # KL(π_T‖π_θ): how far this update has moved the learner (PPO's approx_kl when there is no lag)
+                    # How far this update has moved the learner: PPO's approx_kl, mean((r − 1) − log r) with r = π_θ/π_T,
+                    # KL(π_T‖π_θ) without lag; under lag the samples come from μ, not π_T, and a few dominate it
                     log_ratio = log_prob - rollout_data.learner_log_prob
                     approx_kl_div = th.mean(safe_ratio(log_ratio) - 1 - log_ratio).item()
                     # ½·mean|π_θ/μ − 1|: the learner's distance to its data, in [0, 1] in expectation under any lag
