@@ -22,6 +22,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 from sb3_vaco import APPO, IMPALA, PPOKL, SPO, VACO, DecoupledPPO, LaggedPPO, VACOAlignOnly, VACOFilterOnly
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
+from sb3_vaco.common.losses import total_variation
 
 
 def params_of(model) -> list[th.Tensor]:
@@ -400,18 +401,23 @@ def test_behavior_kl_penalty_is_logged_and_zero_weight_changes_nothing():
         VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=-1.0)
 
 
+def lagged_minibatch(log_x: th.Tensor) -> LaggedRolloutBufferSamples:
+    """A Pendulum-v1 minibatch whose learner at the start of the update is ``log(π_T/μ) = log_x`` from its data."""
+    n = len(log_x)
+    learner_log_prob = th.linspace(-2.0, -0.5, n)
+    return LaggedRolloutBufferSamples(
+        observations=th.zeros(n, 3), actions=th.zeros(n, 1), old_values=th.zeros(n), old_log_prob=learner_log_prob - log_x,
+        advantages=th.zeros(n), returns=th.zeros(n), learner_log_prob=learner_log_prob,
+    )
+
+
 def anchor_loss_grad(form: str, log_x: th.Tensor, beta: float = 0.3) -> tuple[th.Tensor, th.Tensor]:
     """VACO's policy loss and its gradient in log π_θ at the start of an update (π_θ = π_T), log(π_T/μ) = log_x."""
     model = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=beta, behavior_kl_form=form, tv_threshold=1.0,
                  ratio_bound=None, tv_behavior_limit=None, **TINY)
-    n = len(log_x)
-    learner_log_prob = th.linspace(-2.0, -0.5, n)
-    data = LaggedRolloutBufferSamples(
-        observations=th.zeros(n, 3), actions=th.zeros(n, 1), old_values=th.zeros(n), old_log_prob=learner_log_prob - log_x,
-        advantages=th.zeros(n), returns=th.zeros(n), learner_log_prob=learner_log_prob,
-    )
-    log_prob = learner_log_prob.clone().requires_grad_(True)
-    advantages = th.linspace(-1.0, 1.0, n)
+    data = lagged_minibatch(log_x)
+    log_prob = data.learner_log_prob.clone().requires_grad_(True)
+    advantages = th.linspace(-1.0, 1.0, len(log_x))
     loss, _ = model._policy_loss(log_prob, data, advantages)
     (grad,) = th.autograd.grad(loss, log_prob)
     return loss.detach(), grad
@@ -444,14 +450,9 @@ def filter_stats(tv_reference: str, log_x: th.Tensor, step: float) -> dict[str, 
     """The filter's diagnostics for a minibatch with ``log(π_T/μ) = log_x`` after the learner moved ``log(π_θ/π_T) = step``."""
     model = VACO("MlpPolicy", "Pendulum-v1", tv_reference=tv_reference, tv_threshold=0.05, ratio_bound=None,
                  tv_behavior_limit=None, **TINY)
-    n = len(log_x)
-    learner_log_prob = th.linspace(-2.0, -0.5, n)
-    data = LaggedRolloutBufferSamples(
-        observations=th.zeros(n, 3), actions=th.zeros(n, 1), old_values=th.zeros(n), old_log_prob=learner_log_prob - log_x,
-        advantages=th.zeros(n), returns=th.zeros(n), learner_log_prob=learner_log_prob,
-    )
-    advantages = th.linspace(-1.0, 1.0, n)
-    _, stats = model._policy_loss(learner_log_prob + step * th.sign(advantages), data, advantages)
+    data = lagged_minibatch(log_x)
+    advantages = th.linspace(-1.0, 1.0, len(log_x))
+    _, stats = model._policy_loss(data.learner_log_prob + step * th.sign(advantages), data, advantages)
     return stats
 
 
@@ -463,7 +464,7 @@ def test_relative_budget_counts_from_the_distance_at_the_start_of_the_update():
     ``D̂`` more than δ further (each sample's probability × e^{±0.2} along its advantage) activates both.
     """
     log_x = 0.5 * th.tensor([-1.0, -1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0])  # π_T moved from μ along the advantages
-    start_tv = 0.5 * th.mean(th.abs(th.exp(log_x) - 1)).item()
+    start_tv = total_variation(log_x).item()
     assert start_tv > 0.05
     assert filter_stats("behavior", log_x, 0.0)["filter_active_fraction"] == 1.0
     assert filter_stats("behavior_relative", log_x, 0.0)["filter_active_fraction"] == 0.0
