@@ -411,12 +411,14 @@ def lagged_minibatch(log_x: th.Tensor) -> LaggedRolloutBufferSamples:
     )
 
 
-def anchor_loss_grad(form: str, log_x: th.Tensor, beta: float = 0.3) -> tuple[th.Tensor, th.Tensor]:
-    """VACO's policy loss and its gradient in log π_θ at the start of an update (π_θ = π_T), log(π_T/μ) = log_x."""
-    model = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=beta, behavior_kl_form=form, tv_threshold=1.0,
+def anchor_loss_grad(
+    form: str, log_x: th.Tensor, beta: float = 0.3, step: float = 0.0, tv_threshold: float = 1.0
+) -> tuple[th.Tensor, th.Tensor]:
+    """VACO's policy loss and its gradient in log π_θ, log(π_T/μ) = log_x, log(π_θ/π_T) = step (0: start of the update)."""
+    model = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=beta, behavior_kl_form=form, tv_threshold=tv_threshold,
                  ratio_bound=None, tv_behavior_limit=None, **TINY)
     data = lagged_minibatch(log_x)
-    log_prob = data.learner_log_prob.clone().requires_grad_(True)
+    log_prob = (data.learner_log_prob + step).requires_grad_(True)
     advantages = th.linspace(-1.0, 1.0, len(log_x))
     loss, _ = model._policy_loss(log_prob, data, advantages)
     (grad,) = th.autograd.grad(loss, log_prob)
@@ -444,6 +446,22 @@ def test_anchor_in_the_advantage_is_the_penalty_to_first_order_and_nothing_witho
     assert any(not th.equal(a, b) for a, b in zip(*map(params_of, lagged), strict=True))  # under lag it acts
     with pytest.raises(ValueError, match="behavior_kl_form"):
         VACO("MlpPolicy", "Pendulum-v1", behavior_kl_form="reward")
+
+
+def test_bounded_anchor_pulls_until_the_update_has_moved_the_budget():
+    """The "bounded" form is the penalty in the loss until the update has moved the learner δ from π_T, then nothing."""
+    log_x = th.tensor([-0.3, -0.1, 0.1, 0.3])
+    at_start = [anchor_loss_grad(form, log_x, tv_threshold=0.1) for form in ("bounded", "loss")]
+    th.testing.assert_close(at_start[0], at_start[1], rtol=0.0, atol=0.0)  # π_θ = π_T: not moved yet
+    # log(π_θ/π_T) = 0.5 on every sample: TV(π_θ, π_T) = ½·mean(π_T/μ)·(e^0.5 − 1) ≈ 0.33 > δ = 0.1
+    moved = [anchor_loss_grad("bounded", log_x, step=0.5, tv_threshold=0.1),
+             anchor_loss_grad("loss", log_x, beta=0.0, step=0.5, tv_threshold=0.1),
+             anchor_loss_grad("loss", log_x, step=0.5, tv_threshold=0.1)]
+    th.testing.assert_close(moved[0], moved[1], rtol=0.0, atol=0.0)  # the pull has stopped
+    assert not th.equal(moved[0][1], moved[2][1])  # where the unbounded anchor still pulls
+    # Just inside the budget it still pulls: log(π_θ/π_T) = 0.1 gives TV ≈ 0.05 < δ
+    th.testing.assert_close(anchor_loss_grad("bounded", log_x, step=0.1, tv_threshold=0.1),
+                            anchor_loss_grad("loss", log_x, step=0.1, tv_threshold=0.1), rtol=0.0, atol=0.0)
 
 
 def filter_stats(tv_reference: str, log_x: th.Tensor, step: float) -> dict[str, float]:

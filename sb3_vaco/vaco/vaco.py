@@ -12,7 +12,7 @@ from sb3_vaco.common.lag_spec import PolicyLagSpec
 from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, total_variation, tv_filtered_surrogate
 
 #: Where VACO's anchor to the data acts (``behavior_kl_form``)
-BEHAVIOR_KL_FORMS = ("loss", "advantage")
+BEHAVIOR_KL_FORMS = ("loss", "advantage", "bounded")
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
@@ -70,7 +70,10 @@ class VACO(AlignedOnPolicyAlgorithm):
         sample's (normalized) advantage lowered by ``β·log(π_T/μ)`` (the KL-in-reward of RLHF's PPO, Ouyang et al.
         2022, Eq. 2, with the learner at the start of the update in place of π_θ): to first order in ``log(π_T/μ)`` the
         same gradient at the start of the update, but filtered with the rest, so the budget δ bounds the whole step;
-        without lag (π_T = μ) it is zero
+        without lag (π_T = μ) it is zero. ``"bounded"``: the penalty in the loss while the update has moved the
+        learner less than the budget δ from where it started (``TV(π_θ, π_T) = ½·E_μ|π_θ/μ − π_T/μ|`` on the
+        minibatch, the paper's Eq. 5 between the two); beyond, the pull stops as the filter's push does, so that one
+        update cannot swing the learner far back towards data many updates old
     :param vtrace_rho_bar: Truncation ρ̄ of the importance weight in V-trace's TD errors
     :param vtrace_c_bar: Truncation c̄ of V-trace's trace coefficients
     :param value_target: The critic's targets: ``"gae"`` (the learner's TD(λ) returns) or ``"vtrace"`` (the paper's)
@@ -243,7 +246,15 @@ class VACO(AlignedOnPolicyAlgorithm):
             stats["bound_fraction"] = filtered.bound_fraction
         if self.behavior_kl_coef is not None:
             kl = behavior_kl(log_prob - rollout_data.old_log_prob)
-            if self.behavior_kl_form == "loss":
+            anchor_on = self.behavior_kl_form == "loss"
+            if self.behavior_kl_form == "bounded":
+                # TV(π_θ, π_T) = ½·mean|π_θ/μ − π_T/μ| on μ's samples: how far this update has moved the learner
+                ratio_now = safe_ratio(log_prob - rollout_data.old_log_prob)
+                ratio_start = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)
+                step_tv = 0.5 * th.mean(th.abs(ratio_now - ratio_start)).item()
+                anchor_on = step_tv <= self._update_tv_threshold
+                stats["anchor_active_fraction"] = float(anchor_on)
+            if anchor_on:
                 loss = loss + self.behavior_kl_coef * kl
             stats["behavior_kl"] = kl.item()
         return loss, stats
