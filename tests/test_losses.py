@@ -6,6 +6,7 @@ from sb3_vaco.common.losses import (
     behavior_kl,
     clipped_surrogate,
     kl_penalty_surrogate,
+    reverse_behavior_kl,
     safe_ratio,
     spo_surrogate,
     tv_filtered_surrogate,
@@ -133,6 +134,27 @@ def test_behavior_kl_in_closed_form_and_unbiased():
     actions = th.randn(200_000, generator=th.Generator().manual_seed(0))
     log_ratio = -0.5 * (actions - 0.5) ** 2 + 0.5 * actions**2  # log π(a) − log μ(a)
     assert abs(behavior_kl(log_ratio).item() - 0.125) < 0.005
+
+
+def test_reverse_behavior_kl_in_closed_form_and_least_at_the_data_std():
+    """``mean(r·log r − (r − 1))``: (2·log 2 − 1 + ½ − ½·log 2)/2 for r ∈ {2, 1/2}; on samples of μ = N(0, 1) it
+    estimates KL(π‖μ), and against a mean Δm = 1 away it is least at the learner's σ = 1 = σ_μ, where the forward
+    KL is least at σ² = 1 + Δm² = 2."""
+    th.testing.assert_close(reverse_behavior_kl(th.log(th.tensor([2.0, 0.5]))), th.tensor(0.75 * 0.6931472 - 0.25))
+    actions = th.randn(200_000, generator=th.Generator().manual_seed(0), dtype=th.float64)
+
+    def log_ratio(mean: float, std: float) -> th.Tensor:  # log N(a; mean, std) − log N(a; 0, 1)
+        return -0.5 * ((actions - mean) / std) ** 2 - th.log(th.tensor(std, dtype=th.float64)) + 0.5 * actions**2
+
+    assert abs(reverse_behavior_kl(log_ratio(0.5, 1.0)).item() - 0.125) < 0.005
+    assert abs(reverse_behavior_kl(log_ratio(0.0, 0.8)).item() - (-th.log(th.tensor(0.8)) + 0.32 - 0.5).item()) < 0.005
+    stds = th.linspace(0.6, 2.0, 71).tolist()
+    least = {kl: stds[min(range(len(stds)), key=lambda i: kl(log_ratio(1.0, stds[i])).item())]
+             for kl in (behavior_kl, reverse_behavior_kl)}
+    assert abs(least[reverse_behavior_kl] - 1.0) <= 0.06
+    assert abs(least[behavior_kl] - 2**0.5) <= 0.06
+    per_sample = [reverse_behavior_kl(th.tensor([x])).item() for x in th.linspace(-3.0, 3.0, 13).tolist()]
+    assert min(per_sample) == 0.0 == per_sample[6] and all(kl > 0 for i, kl in enumerate(per_sample) if i != 6)
 
 
 def test_kl_penalty_is_nonnegative_and_vanishes_on_policy():

@@ -412,11 +412,12 @@ def lagged_minibatch(log_x: th.Tensor) -> LaggedRolloutBufferSamples:
 
 
 def anchor_loss_grad(
-    form: str, log_x: th.Tensor, beta: float = 0.3, step: float = 0.0, tv_threshold: float = 1.0
+    form: str, log_x: th.Tensor, beta: float = 0.3, step: float = 0.0, tv_threshold: float = 1.0,
+    direction: str = "forward",
 ) -> tuple[th.Tensor, th.Tensor]:
     """VACO's policy loss and its gradient in log π_θ, log(π_T/μ) = log_x, log(π_θ/π_T) = step (0: start of the update)."""
     model = VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=beta, behavior_kl_form=form, tv_threshold=tv_threshold,
-                 ratio_bound=None, tv_behavior_limit=None, **TINY)
+                 ratio_bound=None, tv_behavior_limit=None, behavior_kl_direction=direction, **TINY)
     data = lagged_minibatch(log_x)
     log_prob = (data.learner_log_prob + step).requires_grad_(True)
     advantages = th.linspace(-1.0, 1.0, len(log_x))
@@ -462,6 +463,20 @@ def test_bounded_anchor_pulls_until_the_update_has_moved_the_budget():
     # Just inside the budget it still pulls: log(π_θ/π_T) = 0.1 gives TV ≈ 0.05 < δ
     th.testing.assert_close(anchor_loss_grad("bounded", log_x, step=0.1, tv_threshold=0.1),
                             anchor_loss_grad("loss", log_x, step=0.1, tv_threshold=0.1), rtol=0.0, atol=0.0)
+
+
+def test_reverse_anchor_is_the_reverse_kl_penalty():
+    """``behavior_kl_direction="reverse"`` adds β·KL(π_θ‖μ) in place of β·KL(μ‖π_θ): its gradient is β·r·log r per
+    sample (mean over the minibatch), r = π_θ/μ, where the forward anchor's is β·(r − 1)."""
+    log_x = th.tensor([-0.6, -0.2, 0.2, 0.6])
+    _, without = anchor_loss_grad("loss", log_x, beta=0.0)
+    for direction, per_sample in (("reverse", log_x.exp() * log_x), ("forward", log_x.exp() - 1)):
+        _, grad = anchor_loss_grad("loss", log_x, beta=0.3, direction=direction)
+        th.testing.assert_close(grad - without, 0.3 * per_sample / len(log_x))
+    with pytest.raises(ValueError, match="behavior_kl_direction"):
+        VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=1.0, behavior_kl_direction="backward")
+    with pytest.raises(ValueError, match="behavior_kl_direction"):
+        VACO("MlpPolicy", "Pendulum-v1", behavior_kl_coef=1.0, behavior_kl_form="advantage", behavior_kl_direction="reverse")
 
 
 def filter_stats(tv_reference: str, log_x: th.Tensor, step: float) -> dict[str, float]:

@@ -170,6 +170,18 @@ def behavior_kl(log_ratio: th.Tensor) -> th.Tensor:
     return th.mean((safe_ratio(log_ratio) - 1.0) - log_ratio)
 
 
+def reverse_behavior_kl(log_ratio: th.Tensor) -> th.Tensor:
+    """
+    ``KL(π_θ‖μ)``, the KL penalty as RLHF writes it (Ouyang et al. 2022, Eq. 2), estimated on the behavior samples
+    as ``mean(r·log r − (r − 1))``, ``r = π_θ/μ`` (non-negative per sample, unbiased: ``E_μ[r·log r] = KL(π_θ‖μ)``
+    and ``E_μ[r − 1] = 0``). Against a Gaussian μ whose mean is ``Δm`` away it is least at the learner's
+    ``σ = σ_μ``, where :func:`behavior_kl` is least at ``σ² = σ_μ² + Δm²``: it pulls the learner's mean back
+    without widening its actions.
+    """
+    ratio = safe_ratio(log_ratio)
+    return th.mean(ratio * th.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO) - (ratio - 1.0))
+
+
 def kl_penalty_surrogate(log_ratio: th.Tensor, advantages: th.Tensor, kl_coef: float) -> th.Tensor:
     """PPO with a fixed KL penalty (Schulman et al., 2017, Eq. 8): ``−mean(r·Â) + β·KL(μ‖π_θ)`` (:func:`behavior_kl`)."""
     return -th.mean(safe_ratio(log_ratio) * advantages) + kl_coef * behavior_kl(log_ratio)

@@ -9,10 +9,19 @@ from stable_baselines3.common.utils import FloatSchedule
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.lag_spec import PolicyLagSpec
-from sb3_vaco.common.losses import TV_REFERENCES, behavior_kl, safe_ratio, total_variation, tv_filtered_surrogate
+from sb3_vaco.common.losses import (
+    TV_REFERENCES,
+    behavior_kl,
+    reverse_behavior_kl,
+    safe_ratio,
+    total_variation,
+    tv_filtered_surrogate,
+)
 
 #: Where VACO's anchor to the data acts (``behavior_kl_form``)
 BEHAVIOR_KL_FORMS = ("loss", "advantage", "bounded")
+#: The anchor's KL (``behavior_kl_direction``): ``KL(μ‖π_θ)`` (PPO's) or ``KL(π_θ‖μ)`` (RLHF's)
+BEHAVIOR_KLS = {"forward": behavior_kl, "reverse": reverse_behavior_kl}
 
 SelfVACO = TypeVar("SelfVACO", bound="VACO")
 
@@ -74,6 +83,11 @@ class VACO(AlignedOnPolicyAlgorithm):
         learner less than the budget δ from where it started (``TV(π_θ, π_T) = ½·E_μ|π_θ/μ − π_T/μ|`` on the
         minibatch, the paper's Eq. 5 between the two); beyond, the pull stops as the filter's push does, so that one
         update cannot swing the learner far back towards data many updates old
+    :param behavior_kl_direction: The anchor's KL in the ``"loss"`` and ``"bounded"`` forms: ``"forward"``, PPO's
+        ``KL(μ‖π_θ)`` above, or ``"reverse"``, ``KL(π_θ‖μ)`` as RLHF's PPO writes it (Ouyang et al. 2022, Eq. 2),
+        estimated as ``mean(r·log r − (r − 1))``. Against a Gaussian μ whose mean is ``Δm`` away the forward KL is
+        least at the learner's ``σ² = σ_μ² + Δm²``, so a learner whose mean moves away from stale data widens its
+        actions; the reverse KL is least at ``σ = σ_μ`` and only pulls the mean back
     :param vtrace_rho_bar: Truncation ρ̄ of the importance weight in V-trace's TD errors
     :param vtrace_c_bar: Truncation c̄ of V-trace's trace coefficients
     :param value_target: The critic's targets: ``"gae"`` (the learner's TD(λ) returns) or ``"vtrace"`` (the paper's)
@@ -129,6 +143,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         tv_behavior_limit: float | None = 0.1,
         behavior_kl_coef: float | None = None,
         behavior_kl_form: str = "loss",
+        behavior_kl_direction: str = "forward",
         vtrace_rho_bar: float = 1.0,
         vtrace_c_bar: float = 1.0,
         value_target: str = "gae",
@@ -194,6 +209,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         self.tv_behavior_limit = tv_behavior_limit
         self.behavior_kl_coef = behavior_kl_coef
         self.behavior_kl_form = behavior_kl_form
+        self.behavior_kl_direction = behavior_kl_direction
         self._check_hyperparameters()
         if _init_setup_model:
             self._setup_model()
@@ -205,6 +221,16 @@ class VACO(AlignedOnPolicyAlgorithm):
         if self.behavior_kl_form not in BEHAVIOR_KL_FORMS:
             raise ValueError(
                 f"`behavior_kl_form` must be one of {', '.join(map(repr, BEHAVIOR_KL_FORMS))}; got {self.behavior_kl_form!r}"
+            )
+        if self.behavior_kl_direction not in BEHAVIOR_KLS:
+            raise ValueError(
+                f"`behavior_kl_direction` must be one of {', '.join(map(repr, BEHAVIOR_KLS))}; "
+                f"got {self.behavior_kl_direction!r}"
+            )
+        if self.behavior_kl_direction == "reverse" and self.behavior_kl_form == "advantage":
+            raise ValueError(
+                "`behavior_kl_direction='reverse'` sets the penalty of `behavior_kl_form` 'loss' or 'bounded'; "
+                "the 'advantage' form is a shift of the advantages, set `behavior_kl_direction='forward'` with it"
             )
 
     def _setup_model(self) -> None:
@@ -245,7 +271,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         if self.ratio_bound is not None:
             stats["bound_fraction"] = filtered.bound_fraction
         if self.behavior_kl_coef is not None:
-            kl = behavior_kl(log_prob - rollout_data.old_log_prob)
+            kl = BEHAVIOR_KLS[self.behavior_kl_direction](log_prob - rollout_data.old_log_prob)
             anchor_on = self.behavior_kl_form == "loss"
             if self.behavior_kl_form == "bounded":
                 # TV(π_θ, π_T) = ½·mean|π_θ/μ − π_T/μ| on μ's samples: how far this update has moved the learner
