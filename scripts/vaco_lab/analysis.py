@@ -48,6 +48,8 @@ DIAGNOSTICS = {
     "clip frac.": ("train/clip_fraction", "mean"),
 }
 CI_LEVEL = 0.95
+# A run "fell" when its final score is below this fraction of its best evaluation (normalized: random = 0).
+FALL_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ def load_runs(
             )
         }
         row.update(final=record["final_score"], auc=record["auc_score"], cpu_time_s=record.get("cpu_time_s", np.nan))
+        row["best"] = max(record["eval"]["mean_return"])
         row["path"] = str(path.parent)
         row.update({f"version {name}": version for name, version in record["versions"].items()})
         progress_paths = [path.parent / name for name in (PROGRESS_FILE, PLAIN_PROGRESS_FILE) if (path.parent / name).exists()]
@@ -153,6 +156,18 @@ def normalize(runs: pd.DataFrame, reference: str, reference_lag: str) -> pd.Data
             top, source = floor + 1.0, "none beats random: score − random (unscaled)"
         constants.append({"env": env, "random": floor, "reference": top, "n_reference": len(reference_runs), "source": source})
     return pd.DataFrame(constants).set_index("env")
+
+
+def fell(runs: pd.DataFrame) -> pd.Series:
+    """
+    Whether each run fell off what it had learned: its final score is below ``FALL_FRACTION`` of its best evaluation,
+    both normalized (``final_norm``, ``best_norm``; random = 0), and that best beat random.
+    """
+    return (runs["best_norm"] > 0) & (runs["final_norm"] < FALL_FRACTION * runs["best_norm"])
+
+
+def _falls_text(cell: pd.DataFrame) -> str:
+    return f"{int(cell['fell'].sum())} of {len(cell)}"
 
 
 def stratified_bootstrap(
@@ -317,7 +332,8 @@ def robustness_table(
     """
     Per algorithm and lag, on final scores: the aggregate IQM over envs relative to the reference's at the same lag
     and to the algorithm's own at lag 0 (each over the envs both cells have, stratified independent bootstrap), and
-    the envs whose per-env ratio to the reference has its CI's upper bound below 1 (worse than the reference).
+    the envs whose per-env ratio to the reference has its CI's upper bound below 1 (worse than the reference); and how
+    many of its runs and of the baseline's on those envs fell (:func:`fell`).
     """
     rows = []
     for algorithm in algorithms:
@@ -344,6 +360,9 @@ def robustness_table(
             worse = [env for env, ratio in zip(ratios.get("env", []), ratios.get("final", []), strict=True)
                      if ratio.high is not None and ratio.high < 1.0]  # fmt: skip
             row["envs worse (CI < 1)"] = ", ".join(worse) or "none"
+            baseline_cell = runs[(runs["algorithm"] == baseline) & (runs["lag"] == lag) & runs["env"].isin(cell["env"])]
+            row["falls"] = _falls_text(cell)
+            row["baseline's falls"] = _falls_text(baseline_cell)
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -395,6 +414,7 @@ def cell_table(runs: pd.DataFrame, algorithms: Sequence[str]) -> pd.DataFrame:
                 f"{cell[score].mean():.1f} ± {sd:.1f}" if len(cell) > 1 else f"{cell[score].mean():.1f}"
             )
         row["final (norm.)"] = f"{cell['final_norm'].mean():.3g}"
+        row["falls"] = _falls_text(cell)
         for name in DIAGNOSTICS:
             row[name] = f"{cell[name].mean():.3g}" if cell[name].notna().any() else "–"
         row["steps/s"] = f"{cell['env_steps_per_s'].mean():.0f}"
@@ -644,7 +664,8 @@ def write_report(
         "",
         "IQM over envs of the normalized final scores, as a ratio to the baseline's IQM at the same lag and to the same "
         "algorithm's IQM at lag 0, with CIs; and the envs at that lag where the per-env ratio to the baseline has its CI "
-        "entirely below 1.",
+        "entirely below 1; `falls`: runs whose final score is below half of their best evaluation (normalized), of the "
+        "algorithm's runs at that lag and of the baseline's on the same envs.",
         "",
         markdown_table(tables["robustness"]),
         "### Per cell: raw returns and diagnostics",
@@ -653,7 +674,7 @@ def write_report(
         "steps), `TV(π_T, μ)` at train start, VACO's minibatch TV estimate and filtered fraction, approx. KL of each "
         "update, PPO's clip fraction; except max lag (the run's largest, in updates) and segments dropped (the run's "
         "total of actor segments dropped for `max_policy_lag`). TV depends on the algorithm, not only on the injected "
-        "lag.",
+        "lag. `falls`: runs whose final score is below half of their best evaluation (normalized).",
         "",
         markdown_table(tables["cells"]),
         "## Plots",
@@ -755,6 +776,8 @@ def analyze(
     for score in SCORES:
         floor, top = runs["env"].map(constants["random"]), runs["env"].map(constants["reference"])
         runs[f"{score}_norm"] = (runs[score] - floor) / (top - floor)
+    runs["best_norm"] = (runs["best"] - floor) / (top - floor)
+    runs["fell"] = fell(runs)
     algorithms = ordered_algorithms(runs, reference)
     versus_reference, versus_lag0 = ratio_tables(runs, algorithms, reference, reps, rng)
     tables = {
