@@ -510,17 +510,17 @@ def test_robustness_table_flags_envs_worse_than_the_baseline() -> None:
 
 
 def test_falls_are_counted_against_the_baseline() -> None:
-    """A run falls when it ends below half of its best evaluation, once that best beat random; the robustness table
-    counts an algorithm's falls at each lag beside the baseline's on the same envs."""
+    """A run falls when it reached half of the reference's score and ends below half of its best evaluation; the
+    robustness table counts an algorithm's falls at each lag beside the baseline's on the same envs."""
     rows = []
-    for seed, (final, best) in enumerate([(0.9, 1.0), (0.4, 1.0), (0.51, 1.0), (-0.5, -0.2), (0.0, 0.01)]):
+    for seed, (final, best) in enumerate([(0.9, 1.0), (0.4, 1.0), (0.26, 0.5), (0.24, 0.5), (0.0, 0.49)]):
         rows.append({"env": "A", "algorithm": "vaco", "lag": "4", "seed": seed, "final_norm": final, "best_norm": best})
         rows.append({"env": "A", "algorithm": "lagged_ppo", "lag": "4", "seed": seed, "final_norm": 1.0, "best_norm": 1.0})
     rows.append({"env": "B", "algorithm": "lagged_ppo", "lag": "4", "seed": 0, "final_norm": 0.1, "best_norm": 1.0})
     runs = pd.DataFrame(rows)
     runs["auc_norm"] = runs["final_norm"]
     runs["fell"] = analysis.fell(runs)
-    assert runs[runs["algorithm"] == "vaco"]["fell"].tolist() == [False, True, False, False, True]
+    assert runs[runs["algorithm"] == "vaco"]["fell"].tolist() == [False, True, False, True, False]
     rng = np.random.default_rng(0)
     versus_reference, _ = analysis.ratio_tables(runs, ["lagged_ppo", "vaco"], "lagged_ppo", 50, rng)
     row = analysis.robustness_table(runs, ["lagged_ppo", "vaco"], "lagged_ppo", versus_reference, 50, rng).iloc[0]

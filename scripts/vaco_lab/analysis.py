@@ -48,7 +48,9 @@ DIAGNOSTICS = {
     "clip frac.": ("train/clip_fraction", "mean"),
 }
 CI_LEVEL = 0.95
-# A run "fell" when its final score is below this fraction of its best evaluation (normalized: random = 0).
+# A run "fell" when its best evaluation reached LEARNED (normalized: 1 = the reference, 0 = random) and its final
+# score is below FALL_FRACTION of that best.
+LEARNED = 0.5
 FALL_FRACTION = 0.5
 
 
@@ -160,10 +162,10 @@ def normalize(runs: pd.DataFrame, reference: str, reference_lag: str) -> pd.Data
 
 def fell(runs: pd.DataFrame) -> pd.Series:
     """
-    Whether each run fell off what it had learned: its final score is below ``FALL_FRACTION`` of its best evaluation,
-    both normalized (``final_norm``, ``best_norm``; random = 0), and that best beat random.
+    Whether each run fell off what it had learned: its best evaluation reached ``LEARNED`` and its final score is
+    below ``FALL_FRACTION`` of that best, both normalized (``best_norm``, ``final_norm``; 1 = the reference, 0 = random).
     """
-    return (runs["best_norm"] > 0) & (runs["final_norm"] < FALL_FRACTION * runs["best_norm"])
+    return (runs["best_norm"] >= LEARNED) & (runs["final_norm"] < FALL_FRACTION * runs["best_norm"])
 
 
 def _falls_text(cell: pd.DataFrame) -> str:
@@ -664,8 +666,8 @@ def write_report(
         "",
         "IQM over envs of the normalized final scores, as a ratio to the baseline's IQM at the same lag and to the same "
         "algorithm's IQM at lag 0, with CIs; and the envs at that lag where the per-env ratio to the baseline has its CI "
-        "entirely below 1; `falls`: runs whose final score is below half of their best evaluation (normalized), of the "
-        "algorithm's runs at that lag and of the baseline's on the same envs.",
+        "entirely below 1; `falls`: runs that reached half of the reference's score and ended below half of their best "
+        "evaluation, of the algorithm's runs at that lag and of the baseline's on the same envs.",
         "",
         markdown_table(tables["robustness"]),
         "### Per cell: raw returns and diagnostics",
@@ -674,7 +676,8 @@ def write_report(
         "steps), `TV(π_T, μ)` at train start, VACO's minibatch TV estimate and filtered fraction, approx. KL of each "
         "update, PPO's clip fraction; except max lag (the run's largest, in updates) and segments dropped (the run's "
         "total of actor segments dropped for `max_policy_lag`). TV depends on the algorithm, not only on the injected "
-        "lag. `falls`: runs whose final score is below half of their best evaluation (normalized).",
+        "lag. `falls`: runs that reached half of the reference's score and ended below half of their best "
+        "evaluation.",
         "",
         markdown_table(tables["cells"]),
         "## Plots",
