@@ -776,10 +776,9 @@ def analyze(
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     constants = normalize(runs, reference, reference_lag)
-    for score in SCORES:
-        floor, top = runs["env"].map(constants["random"]), runs["env"].map(constants["reference"])
+    floor, top = runs["env"].map(constants["random"]), runs["env"].map(constants["reference"])
+    for score in (*SCORES, "best"):
         runs[f"{score}_norm"] = (runs[score] - floor) / (top - floor)
-    runs["best_norm"] = (runs["best"] - floor) / (top - floor)
     runs["fell"] = fell(runs)
     algorithms = ordered_algorithms(runs, reference)
     versus_reference, versus_lag0 = ratio_tables(runs, algorithms, reference, reps, rng)
