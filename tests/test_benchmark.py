@@ -528,6 +528,29 @@ def test_falls_are_counted_against_the_baseline() -> None:
     assert (row["falls"], row["baseline's falls"]) == ("2 of 5", "0 of 5")
 
 
+def test_dips_are_falls_counted_at_every_evaluation() -> None:
+    """Evaluations after the curve first reaches half of the reference's score dip when below half of the best so far;
+    the last one dips exactly when the run fell; the dip table compares the per-run rates with the baseline's."""
+    curve = np.array([0.2, 0.6, 0.25, 0.9, 0.4, 0.9])  # reaches 0.5 at the second evaluation; dips at 0.25 and 0.4
+    assert analysis.dips(curve) == (4, 2)
+    assert analysis.dips(np.array([0.4, 0.45, 0.1])) == (0, 0)  # never learned: nothing to fall from
+    for ending in (0.44, 0.46):
+        ended = np.append(curve, ending)
+        fell = analysis.fell(pd.DataFrame({"best_norm": [ended.max()], "final_norm": [ending]})).item()
+        assert fell == (ending < 0.45) == (analysis.dips(ended)[1] == 3)
+    rows = []
+    for seed in range(4):
+        rows.append({"env": "A", "algorithm": "vaco", "lag": "8", "seed": seed, "evals_learned": 10, "dips": 2 + seed})
+        rows.append({"env": "A", "algorithm": "lagged_ppo", "lag": "8", "seed": seed, "evals_learned": 10, "dips": 0})
+    rows.append({"env": "A", "algorithm": "lagged_ppo", "lag": "8", "seed": 4, "evals_learned": 0, "dips": 0})
+    runs = pd.DataFrame(rows)
+    runs["dip_rate"] = runs["dips"] / runs["evals_learned"].where(runs["evals_learned"] > 0)
+    row = analysis.dip_table(runs, ["lagged_ppo", "vaco"], "lagged_ppo", 200, np.random.default_rng(0)).iloc[0]
+    assert (row["dips"], row["baseline's dips"], row["n"]) == ("14 of 40", "0 of 40", "4 vs 5")
+    assert row["dip rate − baseline's"].value == pytest.approx(0.35)  # the run that never learned is left out
+    assert row["verdict"] == "more dips"
+
+
 def test_peer_table_names_the_best_peer_and_what_the_ci_says() -> None:
     """Per env the best other algorithm is named and the focus's IQM ratio to it is in closed form; the aggregate
     row is over the envs every algorithm has."""

@@ -62,13 +62,14 @@ class Interval:
     low: float | None = None
     high: float | None = None
 
-    def verdict(self, higher: str = "better", lower: str = "worse") -> str:
-        """What the CI of a ratio says: ``higher`` above 1, ``lower`` below 1, else no significant difference."""
+    def verdict(self, higher: str = "better", lower: str = "worse", null: float = 1.0) -> str:
+        """What the CI says: ``higher`` above ``null`` (1 for a ratio), ``lower`` below it, else no significant
+        difference."""
         if self.low is None or self.high is None:
             return "n/a (one run)"
-        if self.low > 1:
+        if self.low > null:
             return higher
-        if self.high < 1:
+        if self.high < null:
             return lower
         return "no significant difference"
 
@@ -170,6 +171,57 @@ def fell(runs: pd.DataFrame) -> pd.Series:
 
 def _falls_text(cell: pd.DataFrame) -> str:
     return f"{int(cell['fell'].sum())} of {len(cell)}"
+
+
+def dips(curve: np.ndarray) -> tuple[int, int]:
+    """
+    A fall counted at every evaluation, not at the last only: of a run's normalized eval curve, the evaluations after
+    the first one that reached ``LEARNED``, and how many of them *dipped*, ending below ``FALL_FRACTION`` of the best
+    evaluation so far. The last evaluation dips exactly when the run :func:`fell`.
+
+    :return: ``(evaluations after reaching LEARNED, dips among them)``
+    """
+    best = np.maximum.accumulate(curve)
+    after = np.concatenate([[False], best[:-1] >= LEARNED])
+    return int(after.sum()), int((after & (curve < FALL_FRACTION * best)).sum())
+
+
+def _dips_text(cell: pd.DataFrame) -> str:
+    return f"{int(cell['dips'].sum())} of {int(cell['evals_learned'].sum())}"
+
+
+def _difference_of_means(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.nanmean(x) - np.nanmean(y))
+
+
+def dip_table(
+    runs: pd.DataFrame, algorithms: Sequence[str], reference: str, reps: int, rng: np.random.Generator
+) -> pd.DataFrame:
+    """
+    Per env and lag, each algorithm's dips (:func:`dips`) beside the reference's at the same lag: the counts, and the
+    difference of the mean dip rates per run (dips over evaluations after reaching ``LEARNED``; runs that never
+    reached it left out) with its bootstrap CI over the runs and the verdict it supports.
+    """
+    rows = []
+    for env in sorted(runs["env"].unique()):
+        env_runs = runs[runs["env"] == env]
+        for algorithm in algorithms:
+            baseline = reference_for(algorithm, reference)
+            if algorithm == baseline:
+                continue
+            for lag in ordered_lags(env_runs):
+                at_lag = env_runs[env_runs["lag"] == lag]
+                cell, other = (at_lag[at_lag["algorithm"] == name] for name in (algorithm, baseline))
+                if cell.empty or other.empty:
+                    continue
+                row: dict[str, Any] = {"env": env, "algorithm": algorithm, "lag": lag, "n": f"{len(cell)} vs {len(other)}"}
+                row["dips"], row["baseline's dips"] = _dips_text(cell), _dips_text(other)
+                learned = [frame.loc[frame["evals_learned"] > 0, ["dip_rate"]].to_numpy() for frame in (cell, other)]
+                if min(len(rates) for rates in learned):
+                    row["dip rate − baseline's"] = difference = stratified_bootstrap(_difference_of_means, learned, reps, rng)
+                    row["verdict"] = difference.verdict("more dips", "fewer dips", null=0.0)
+                rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def stratified_bootstrap(
@@ -417,6 +469,7 @@ def cell_table(runs: pd.DataFrame, algorithms: Sequence[str]) -> pd.DataFrame:
             )
         row["final (norm.)"] = f"{cell['final_norm'].mean():.3g}"
         row["falls"] = _falls_text(cell)
+        row["dips"] = _dips_text(cell)
         for name in DIAGNOSTICS:
             row[name] = f"{cell[name].mean():.3g}" if cell[name].notna().any() else "–"
         row["steps/s"] = f"{cell['env_steps_per_s'].mean():.0f}"
@@ -670,6 +723,15 @@ def write_report(
         "evaluation, of the algorithm's runs at that lag and of the baseline's on the same envs.",
         "",
         markdown_table(tables["robustness"]),
+        f"### Dips: falls at every evaluation, against {reference} at the same lag",
+        "",
+        "A fall counted at every evaluation: `dips` = evaluations below half of the run's best so far, of its "
+        "evaluations after it first reached half of the reference's score (summed over the cell's runs). The last "
+        "evaluation dips exactly when the run falls. `dip rate − baseline's`: the difference of the mean rates per run "
+        "(runs that never reached half of the reference's score left out) with its CI; more or fewer dips when the CI "
+        "excludes 0.",
+        "",
+        markdown_table(tables["dips"]),
         "### Per cell: raw returns and diagnostics",
         "",
         "Diagnostics are means over each run's iterations, then over seeds: measured lag (in updates and in gradient "
@@ -677,7 +739,7 @@ def write_report(
         "update, PPO's clip fraction; except max lag (the run's largest, in updates) and segments dropped (the run's "
         "total of actor segments dropped for `max_policy_lag`). TV depends on the algorithm, not only on the injected "
         "lag. `falls`: runs that reached half of the reference's score and ended below half of their best "
-        "evaluation.",
+        "evaluation; `dips`: as in the table above.",
         "",
         markdown_table(tables["cells"]),
         "## Plots",
@@ -780,6 +842,11 @@ def analyze(
     for score in (*SCORES, "best"):
         runs[f"{score}_norm"] = (runs[score] - floor) / (top - floor)
     runs["fell"] = fell(runs)
+    keys = zip(runs["env"], runs["algorithm"], runs["lag"], runs["seed"], strict=True)
+    runs[["evals_learned", "dips"]] = [
+        dips((curves[key]["return"].to_numpy() - low) / (high - low)) for key, low, high in zip(keys, floor, top, strict=True)
+    ]
+    runs["dip_rate"] = runs["dips"] / runs["evals_learned"].where(runs["evals_learned"] > 0)
     algorithms = ordered_algorithms(runs, reference)
     versus_reference, versus_lag0 = ratio_tables(runs, algorithms, reference, reps, rng)
     tables = {
@@ -792,6 +859,7 @@ def analyze(
     # Its own generator, so that adding this table left every other CI of a given seed unchanged
     robustness_rng = np.random.default_rng(seed + 1)
     tables["robustness"] = robustness_table(runs, algorithms, reference, versus_reference, reps, robustness_rng)
+    tables["dips"] = dip_table(runs, algorithms, reference, reps, np.random.default_rng(seed + 3))
     write_report(out_dir, results_dirs, runs, constants, tables, reference, reps)
     atomic_write_text(out_dir / "summary.md", summary_table(runs, tables, reference))
     if versus is not None:
