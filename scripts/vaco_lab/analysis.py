@@ -191,7 +191,7 @@ def _dips_text(cell: pd.DataFrame) -> str:
 
 
 def _difference_of_means(x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.nanmean(x) - np.nanmean(y))
+    return float(np.mean(x) - np.mean(y))
 
 
 def dip_table(
