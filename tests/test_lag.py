@@ -9,7 +9,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 
-from sb3_vaco import APPO, IMPALA, VACO, DecoupledPPO, LaggedPPO
+from sb3_vaco import APPO, IMPALA, VACO, DecoupledPPO, LaggedPPO, LaggedTRPO
 from sb3_vaco.common.lag_spec import parse_policy_lag
 from sb3_vaco.common.policy_lag import PolicyLag
 from sb3_vaco.common.ring import SnapshotRing
@@ -193,3 +193,16 @@ def test_invalid_policy_lag_is_rejected(policy_lag):
         VACO("MlpPolicy", "CartPole-v1", policy_lag=policy_lag)
     with pytest.raises(ValueError, match="policy_lag"):
         LaggedPPO("MlpPolicy", "CartPole-v1", policy_lag=policy_lag)
+
+
+@pytest.mark.parametrize("algo, steps_per_version", [(LaggedPPO, 2 * 2), (VACO, 2 * 2), (LaggedTRPO, 1)])
+def test_lag_in_gradient_steps_counts_the_policy_steps(algo, steps_per_version, tiny):
+    """n_epochs × minibatches per version for the PPO family (32 steps in minibatches of 16, 2 epochs), one for TRPO,
+    whose batch_size is the critic's minibatch."""
+    lag = 3
+    model = algo("MlpPolicy", "CartPole-v1", seed=0, policy_lag=lag, **tiny(algo))
+    recorder = RecordRollouts()
+    model.learn(SHARED_TINY["n_steps"] * (lag + 2), callback=recorder)
+    logged = recorder.logged[-1]
+    assert logged["rollout/policy_lag_mean"] == lag
+    assert logged["rollout/policy_lag_grad_steps_mean"] == lag * steps_per_version

@@ -478,6 +478,12 @@ def test_config_validation(tmp_path):
         VACOGRPOConfig(vaco_form="sequence", importance_sampling_level="sequence", **common)
     with pytest.raises(ValueError, match="policy_lag"):
         VACOGRPOConfig(policy_lag=-1, **common)
+    with pytest.raises(ValueError, match="policy_lag"):
+        VACOGRPOConfig(policy_lag=2.5, **common)
+    with pytest.raises(ValueError, match="generation_ahead"):
+        VACOGRPOConfig(generation_ahead=True, **common)
+    with pytest.raises(ValueError, match="tv_threshold"):
+        VACOGRPOConfig(tv_threshold=float("nan"), **common)  # NaN would switch the filter off silently
     with pytest.raises(ValueError, match="tv_reference"):
         VACOGRPOConfig(tv_reference="nope", **common)
     with pytest.raises(ValueError, match="rho_bar"):

@@ -128,13 +128,19 @@ def test_decoupled_ppo_caps_the_weights_to_the_behavior_policy():
     assert logged["train/weight_capped_fraction"] > 0.0
 
 
-def test_appo_kl_coefficient_adapts_as_rllib():
-    """An update whose mean KL to the target stays below kl_target/2 halves β (RLlib's rule), every update."""
+def test_appo_kl_coefficient_adapts_as_rllib(tmp_path):
+    """An update whose mean KL to the target stays below kl_target/2 halves β (RLlib's rule), every update; a saved
+    model goes on from its adapted β."""
     model = APPO("MlpPolicy", "CartPole-v1", seed=0, n_steps=32, batch_size=32, n_epochs=1, learning_rate=1e-6,
                  use_kl_loss=True, kl_coef=1.0, kl_target=0.01, **NET)
     model.learn(32 * 4)
     assert 0.0 <= model.logger.name_to_value["train/kl"] < 0.005
     assert model._kl_coef_now == pytest.approx(0.5**4)
+    model.save(tmp_path / "appo")
+    loaded = APPO.load(tmp_path / "appo", env=model.get_env())
+    assert loaded._kl_coef_now == pytest.approx(0.5**4)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded._kl_coef_now == pytest.approx(0.5**5)
 
 
 @pytest.mark.parametrize(

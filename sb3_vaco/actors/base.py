@@ -16,6 +16,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from sb3_vaco.common import checks
+
 Observation = np.ndarray | dict[str, np.ndarray]
 Payload = dict[str, np.ndarray]
 
@@ -116,8 +118,7 @@ def parse_actor_settings(n_actors: int, actor_backend: str, actor_backend_kwargs
         )
 
     def require(condition: bool, message: str) -> None:
-        if not condition:
-            raise ValueError(f"`actor_backend_kwargs`: {message}")
+        checks.require(condition, f"`actor_backend_kwargs`: {message}")
 
     delay = kwargs.pop("delay", 0.0)
     if isinstance(delay, (int, float, np.floating)) and not isinstance(delay, bool):

@@ -14,7 +14,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
-from sb3_vaco.common.losses import clipped_surrogate, kl_penalty_surrogate, safe_ratio, spo_surrogate
+from sb3_vaco.common.losses import clip_fraction, clipped_surrogate, kl_penalty_surrogate, safe_ratio, spo_surrogate
 from sb3_vaco.vaco import VACO
 
 
@@ -38,8 +38,7 @@ class _ClippedRatio(ClippedOnPolicyAlgorithm):
     ) -> tuple[th.Tensor, dict[str, float]]:
         clip_range = self._current_clip_range()
         ratio = safe_ratio(log_prob - rollout_data.old_log_prob)
-        clip_fraction = th.mean((th.abs(ratio - 1) > clip_range).float()).item()
-        return self._surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction}
+        return self._surrogate(ratio, advantages, clip_range), {"clip_fraction": clip_fraction(ratio, clip_range)}
 
 
 class VACOAlignOnly(_ClippedRatio):

@@ -22,7 +22,7 @@ from sb3_vaco.common.buffers import LaggedRolloutBuffer, LaggedRolloutBufferSamp
 from sb3_vaco.common.checks import check_hyperparameters, require
 from sb3_vaco.common.lag_spec import PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.lagged import LaggedOnPolicyAlgorithm
-from sb3_vaco.common.losses import safe_ratio, total_variation
+from sb3_vaco.common.losses import behavior_kl, safe_ratio, total_variation
 from sb3_vaco.common.vtrace import VTraceReturns, vtrace
 
 VALUE_TARGETS = ("gae", "vtrace")
@@ -342,12 +342,12 @@ class AlignedOnPolicyAlgorithm(LaggedOnPolicyAlgorithm):
                 loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
 
                 with th.no_grad():
-                    # How far this update has moved the learner: PPO's approx_kl, mean((r − 1) − log r) with r = π_θ/π_T,
-                    # KL(π_T‖π_θ) without lag; under lag the samples come from μ, not π_T, and a few dominate it
-                    log_ratio = log_prob - rollout_data.learner_log_prob
-                    approx_kl_div = th.mean(safe_ratio(log_ratio) - 1 - log_ratio).item()
+                    # How far this update has moved the learner: PPO's approx_kl, mean((r − 1) − log r) with r = π_θ/π_T
+                    # (behavior_kl's estimator with π_T in μ's place), KL(π_T‖π_θ) without lag; under lag the samples
+                    # come from μ, not π_T, and a few dominate it
+                    approx_kl_div = behavior_kl(log_prob - rollout_data.learner_log_prob).item()
                     # ½·mean|π_θ/μ − 1|: the learner's distance to its data, in [0, 1] in expectation under any lag
-                    tv_data = 0.5 * th.mean(th.abs(safe_ratio(log_prob - rollout_data.old_log_prob) - 1.0)).item()
+                    tv_data = total_variation(log_prob - rollout_data.old_log_prob).item()
 
                 stats.update(
                     policy_gradient_loss=policy_loss.item(),

@@ -27,7 +27,8 @@ class RolloutWriter:
     :param rollout_buffer: the buffer
     :param bootstrap_at_train_time: keep time-limit truncations for the learner's critic (True) instead of adding
         ``γ·V_μ(terminal obs)`` of the behavior critic to the reward (False, SB3's way)
-    :param batch_size: the algorithm's minibatch size (None: the whole rollout), to count the lag in gradient steps
+    :param grad_steps_per_update: the policy's gradient steps per count of the learner's ``_n_updates``, to log the
+        lag in gradient steps
     """
 
     def __init__(
@@ -36,13 +37,13 @@ class RolloutWriter:
         callback: BaseCallback,
         rollout_buffer: LaggedRolloutBuffer,
         bootstrap_at_train_time: bool,
-        batch_size: int | None,
+        grad_steps_per_update: int,
     ) -> None:
         self.model = model
         self.callback = callback
         self.rollout_buffer = rollout_buffer
         self.bootstrap_at_train_time = bootstrap_at_train_time
-        self.batch_size = batch_size
+        self.grad_steps_per_update = grad_steps_per_update
 
     @property
     def n_updates(self) -> int:
@@ -118,14 +119,12 @@ class RolloutWriter:
         return True
 
     def record_lag(self, version: int, versions_behind: np.ndarray, lag_epochs: np.ndarray) -> None:
-        """Log the staleness per env column: in policy versions, and in gradient steps (epochs × minibatches per epoch)."""
+        """Log the staleness per env column: in policy versions, and in the policy's gradient steps."""
         model = self.model
-        rollout_size = model.n_steps * model.n_envs
-        minibatches_per_epoch = int(np.ceil(rollout_size / (self.batch_size or rollout_size)))
         model.logger.record("rollout/policy_version", version)
         model.logger.record("rollout/policy_lag_mean", float(np.mean(versions_behind)))
         model.logger.record("rollout/policy_lag_max", int(np.max(versions_behind)))
-        model.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag_epochs)) * minibatches_per_epoch)
+        model.logger.record("rollout/policy_lag_grad_steps_mean", float(np.mean(lag_epochs)) * self.grad_steps_per_update)
 
 
 class RolloutSource(Protocol):

@@ -254,6 +254,15 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
 
     # ----- collection ---------------------------------------------------------------------------------------------
 
+    def _grad_steps_per_update(self) -> int:
+        """
+        The policy's gradient steps per count of ``_n_updates``, to log the lag in gradient steps: the minibatches of
+        one epoch, as SB3's PPO (and the aligned algorithms) count one update per epoch. A host that counts one policy
+        step per ``train()`` (sb3-contrib's TRPO) returns 1.
+        """
+        rollout_size = self.n_steps * self.n_envs
+        return int(np.ceil(rollout_size / (getattr(self, "batch_size", None) or rollout_size)))
+
     def collect_rollouts(
         self,
         env: VecEnv,
@@ -269,8 +278,7 @@ class LaggedOnPolicyAlgorithm(OnPolicyAlgorithm):
         rollout comes from the actors instead (:meth:`ActorPool.collect_rollouts`, through the same writer).
         """
         assert isinstance(rollout_buffer, LaggedRolloutBuffer)
-        batch_size = getattr(self, "batch_size", None)
-        writer = RolloutWriter(self, callback, rollout_buffer, self.bootstrap_at_train_time, batch_size)
+        writer = RolloutWriter(self, callback, rollout_buffer, self.bootstrap_at_train_time, self._grad_steps_per_update())
         if self._actors is not None:
             return self._actors.collect_rollouts(self, writer)
         assert self._last_obs is not None, "No previous observation was provided"

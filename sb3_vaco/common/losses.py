@@ -6,6 +6,7 @@ the baselines the paper and its reviewers compare against (PPO clip, SPO, KL pen
 Every function returns a loss to *minimize* (the negated surrogate) averaged over the whole minibatch.
 """
 
+import math
 from typing import NamedTuple
 
 import torch as th
@@ -30,6 +31,24 @@ def total_variation(log_ratio: th.Tensor) -> th.Tensor:
     the distance of the learner ``π`` to the policies that acted, in [0, 1] in expectation under any lag.
     """
     return 0.5 * th.mean(th.abs(safe_ratio(log_ratio) - 1.0))
+
+
+def importance_weights(log_rho: th.Tensor, rho_bar: float = math.inf) -> th.Tensor:
+    """
+    Truncated importance weights, no gradient::
+
+        w = min( exp(clamp(log ρ, ±MAX_LOG_RATIO)), ρ̄ )          e.g. log ρ = log π_T − log μ
+
+    :param log_rho: ``log ρ``, any shape
+    :param rho_bar: the truncation ``ρ̄`` (``inf``: none)
+    """
+    rho = safe_ratio(log_rho.detach())
+    return rho if math.isinf(rho_bar) else th.clamp(rho, max=rho_bar)
+
+
+def clip_fraction(ratio: th.Tensor, clip_range: float) -> float:
+    """PPO's ``clip_fraction``: the fraction of samples whose ratio lies outside ``[1 − ε, 1 + ε]``."""
+    return th.mean((th.abs(ratio - 1) > clip_range).float()).item()
 
 
 class FilteredSurrogate(NamedTuple):

@@ -18,6 +18,14 @@ from sb3_vaco.common.lag_spec import PolicyLagSpec, parse_policy_lag
 from sb3_vaco.common.ring import SnapshotRing
 
 
+def frozen_copy(policy: ActorCriticPolicy) -> ActorCriticPolicy:
+    """A new module of ``policy``'s class and settings, in eval mode and without gradient (load weights into it)."""
+    copy = policy.__class__(**policy._get_constructor_parameters()).to(policy.device)
+    copy.set_training_mode(False)
+    copy.requires_grad_(False)
+    return copy
+
+
 def _index_obs(obs: PyTorchObs, env_indices: th.Tensor) -> PyTorchObs:
     if isinstance(obs, dict):
         return {key: value[env_indices] for key, value in obs.items()}
@@ -93,10 +101,7 @@ class PolicyLag:
         # A separate module per acting version: SB3 policies keep one distribution object per module,
         # so a stale policy cannot be a second call on the learner.
         while len(self._behavior_pool) <= slot:
-            policy = self.learner.__class__(**self.learner._get_constructor_parameters()).to(self.learner.device)
-            policy.set_training_mode(False)
-            policy.requires_grad_(False)
-            self._behavior_pool.append(policy)
+            self._behavior_pool.append(frozen_copy(self.learner))
         return self._behavior_pool[slot]
 
     def state_dict(self) -> dict[str, Any]:

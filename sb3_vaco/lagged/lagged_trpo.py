@@ -19,3 +19,7 @@ class LaggedTRPO(LaggedOnPolicyAlgorithm, TRPO):
     :param policy_lag: Injected policy lag ``K`` or ``(K_min, K_max)``; with ``n_actors``, ``actor_backend`` and
         ``actor_backend_kwargs``: the lag mixin's arguments (:class:`~sb3_vaco.common.lagged.LaggedOnPolicyAlgorithm`)
     """
+
+    def _grad_steps_per_update(self) -> int:
+        """One: TRPO counts one policy step per ``train()`` (its ``batch_size`` is the critic's minibatch)."""
+        return 1

@@ -17,11 +17,12 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, pad
 
-from sb3_vaco.common.losses import safe_ratio
 from sb3_vaco.common.ring import SnapshotRing
 from sb3_vaco.llm.losses import (
     SAMPLER_CORRECTION_MODES,
     FilteredLoss,
+    loss_mask,
+    masked_total_variation,
     sampler_importance_ratio,
     vaco_decoupled_loss,
     vaco_sequence_loss,
@@ -150,8 +151,12 @@ class VACOGRPOConfig(GRPOConfig):
         """The lag the trainer injects, in optimizer steps: ``policy_lag``, or ``generation_ahead`` generation periods."""
         if self.generation_ahead == 0:
             return self.policy_lag
-        micro_steps = (self.steps_per_generation or 1) * self.num_iterations
-        return self.generation_ahead * micro_steps // self.gradient_accumulation_steps
+        return self.generation_ahead * self._micro_steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def _micro_steps_per_generation(self) -> int:
+        """Micro-batches trained on one generation: ``steps_per_generation × num_iterations``."""
+        return (self.steps_per_generation or 1) * self.num_iterations
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -176,8 +181,9 @@ class VACOGRPOConfig(GRPOConfig):
             )
         if self.filter_drift and self.vaco_form != "sequence":
             raise ValueError(f"`filter_drift` applies to vaco_form='sequence' only, got vaco_form={self.vaco_form!r}")
-        if self.tv_threshold < 0:
-            raise ValueError(f"`tv_threshold` must be >= 0, got {self.tv_threshold}")
+        tv_threshold = self.tv_threshold
+        if isinstance(tv_threshold, bool) or not isinstance(tv_threshold, (int, float)) or not tv_threshold >= 0:
+            raise ValueError(f"`tv_threshold` must be a number >= 0, got {self.tv_threshold}")
         if not self.rho_bar > 0:
             raise ValueError(f"`rho_bar` must be > 0, got {self.rho_bar}")
         self._check_lag()
@@ -186,14 +192,14 @@ class VACOGRPOConfig(GRPOConfig):
         """The lag options and how TRL's losses see the stale actor."""
         if (self.policy_lag > 0 or self.generation_ahead > 0) and self.use_vllm:
             raise ValueError("policy lag is injected with transformers generation; vLLM has its own staleness")
-        if self.policy_lag < 0:
-            raise ValueError(f"`policy_lag` must be >= 0, got {self.policy_lag}")
-        if self.generation_ahead < 0:
-            raise ValueError(f"`generation_ahead` must be >= 0, got {self.generation_ahead}")
+        for name in ("policy_lag", "generation_ahead"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
         if self.generation_ahead > 0:
             if self.policy_lag > 0:
                 raise ValueError("set `generation_ahead` or `policy_lag`, not both: generation_ahead sets the lag")
-            micro_steps = (self.steps_per_generation or 1) * self.num_iterations
+            micro_steps = self._micro_steps_per_generation
             if micro_steps % self.gradient_accumulation_steps:
                 raise ValueError(
                     "`generation_ahead` needs whole optimizer steps between generations: make steps_per_generation × "
@@ -290,7 +296,8 @@ class VACOGRPOTrainer(GRPOTrainer):
         self.tv_threshold = config.tv_threshold
         self.vaco_form = config.vaco_form
         self.filter_drift = config.filter_drift
-        self.rho_bar = float(config.rho_bar if config.rho_bar is not None else DEFAULT_RHO_BAR[self.vaco_form])
+        assert config.rho_bar is not None  # set by VACOGRPOConfig.__post_init__
+        self.rho_bar = float(config.rho_bar)
         self.policy_lag = config.injected_lag
         # On CPU: a stale copy costs host memory, not accelerator memory.
         self._snapshots = SnapshotRing(device="cpu") if self.policy_lag > 0 else None
@@ -449,11 +456,11 @@ class VACOGRPOTrainer(GRPOTrainer):
         args = self.args
         assert isinstance(args, VACOGRPOConfig)  # checked in __init__
         inputs = dict(inputs)
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = loss_mask(inputs)
         learner = self._learner_logps(model, inputs)
         sampling = inputs["sampling_per_token_logps"]
         behavior = th.where(th.isnan(sampling), learner, sampling)  # tokens the sampler could not score: no lag
-        tv = 0.5 * (th.abs(safe_ratio(learner - behavior) - 1.0) * mask).sum() / mask.sum().clamp(min=1.0)
+        tv = masked_total_variation(learner - behavior, mask)
         self._metrics[mode]["tv_behavior"].append(self.accelerator.gather(tv).mean().item())
         if args.stale_actor_as == "old_policy":
             del inputs["sampling_per_token_logps"]
@@ -523,7 +530,7 @@ class VACOGRPOTrainer(GRPOTrainer):
     def _compute_vaco_loss(self, model: Any, inputs: dict[str, Any], mode: str) -> th.Tensor:
         """The selected VACO form on GRPO's advantages (see the class docstring), plus KL / entropy terms."""
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = loss_mask(inputs)
         per_token_logps, entropies, _ = self._get_per_token_logps_and_entropies(
             model,
             th.cat([prompt_ids, completion_ids], dim=1),
@@ -553,9 +560,9 @@ class VACOGRPOTrainer(GRPOTrainer):
 
         gather = self.accelerator.gather
         with th.no_grad():
-            tv_to_behavior = 0.5 * masked_mean(th.abs(safe_ratio(per_token_logps - behavior) - 1.0))
+            tv_to_behavior = masked_total_variation(per_token_logps - behavior, mask)
             if "sampling_per_token_logps" in inputs:
-                tv_behavior = 0.5 * masked_mean(th.abs(safe_ratio(proximal - behavior) - 1.0))
+                tv_behavior = masked_total_variation(proximal - behavior, mask)
                 self._metrics[mode]["tv_behavior"].append(gather(tv_behavior).mean().item())
             valid = mask if filtered.mask.shape[1] > 1 else (mask.sum(dim=1, keepdim=True) > 0).float()
             filtered_fraction = 1.0 - filtered.mask.sum() / valid.sum().clamp(min=1.0)

@@ -24,7 +24,13 @@ from typing import NamedTuple
 
 import torch as th
 
-from sb3_vaco.common.losses import MAX_LOG_RATIO, FilteredSurrogate, safe_ratio, tv_filtered_surrogate
+from sb3_vaco.common.losses import (
+    MAX_LOG_RATIO,
+    FilteredSurrogate,
+    importance_weights,
+    safe_ratio,
+    tv_filtered_surrogate,
+)
 
 
 class FilteredLoss(NamedTuple):
@@ -55,17 +61,15 @@ def sequence_mean(values: th.Tensor, token_mask: th.Tensor) -> th.Tensor:
     return total / token_mask.sum(dim=1, keepdim=True).clamp(min=1.0)
 
 
-def importance_weights(log_rho: th.Tensor, rho_bar: float = math.inf) -> th.Tensor:
-    """
-    Truncated importance weights, no gradient::
+def loss_mask(inputs: dict[str, th.Tensor]) -> th.Tensor:
+    """The tokens a loss counts: TRL's ``completion_mask``, times its ``tool_mask`` when the batch has one."""
+    mask = inputs["completion_mask"]
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
 
-        w = min( exp(clamp(log ρ, −10, 10)), ρ̄ )          log ρ = log π_T − log μ
 
-    :param log_rho: ``log ρ``, any shape
-    :param rho_bar: the truncation ``ρ̄`` (``inf``: none)
-    """
-    rho = safe_ratio(log_rho.detach())
-    return rho if math.isinf(rho_bar) else th.clamp(rho, max=rho_bar)
+def masked_total_variation(log_ratio: th.Tensor, token_mask: th.Tensor) -> th.Tensor:
+    """:func:`~sb3_vaco.common.losses.total_variation` over the valid tokens: ``½·Σ m_t·|ρ_t − 1| / Σ m_t``."""
+    return 0.5 * (th.abs(safe_ratio(log_ratio) - 1.0) * token_mask).sum() / token_mask.sum().clamp(min=1.0)
 
 
 def masked_tv_filtered_surrogate(
@@ -165,7 +169,7 @@ def vaco_decoupled_loss(
     training), each token weighted by the truncated importance weight from ``π_T`` to the behavior policy ``μ``
     (decoupled PPO, Hilton et al. 2022 and AReaL, with VACO's filter in place of the clip)::
 
-        q_t = π_θ / π_T                          w_t = min( exp(clamp(log π_T − log μ, ±10)), ρ̄ )
+        q_t = π_θ / π_T                          w_t = min( exp(clamp(log π_T − log μ, ±20)), ρ̄ )
         D̂   = ½ · mean_t( w_t · |q_t − 1| )      (no gradient)
         m_t = 0  if  D̂ > δ  and  Â · (q_t − 1) > 0  else 1
         L   = − mean_t( m_t · w_t · q_t · Â )
@@ -210,7 +214,7 @@ def vaco_sequence_loss(
     proximal policy ``π_T``, each token weighted by the truncated importance weight ``ρ = π_T/μ``, and the tokens
     of a completion whose ``ρ`` is already far from 1 dropped when their update would move ``ρ`` further::
 
-        ρ_t = exp( clamp(log π_T − log μ, ±10) )                 (no gradient)
+        ρ_t = exp( clamp(log π_T − log μ, ±20) )                 (no gradient)
         D_i = ½ · mean_{t ∈ i} |ρ_t − 1|                          (the completion's TV estimate)
         m_t = 0  if  D_i > δ  and  sign(log ρ_t) · Â_i > 0  else 1
         w_t = m_t · min(ρ_t, ρ̄)                                   (truncated importance sampling)

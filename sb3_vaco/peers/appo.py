@@ -7,7 +7,8 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
-from sb3_vaco.common.losses import appo_surrogate, safe_ratio
+from sb3_vaco.common.losses import appo_surrogate, clip_fraction, importance_weights, safe_ratio
+from sb3_vaco.common.policy_lag import frozen_copy
 
 
 class APPO(ClippedOnPolicyAlgorithm):
@@ -66,13 +67,13 @@ class APPO(ClippedOnPolicyAlgorithm):
         self.kl_coef = kl_coef
         self.kl_target = kl_target
         self._check_hyperparameters()
+        self._kl_coef_now = float(kl_coef)  # β, adapted after each update; saved, so a reloaded model goes on with it
         if _init_setup_model:
             self._setup_model()
 
     def _setup_model(self) -> None:
         super()._setup_model()
         self._target_policy: ActorCriticPolicy | None = None
-        self._kl_coef_now = float(self.kl_coef)  # β, adapted after each update
         self._update_kls: list[float] = []
 
     def _start_policy_update(self, tv_behavior: float) -> None:
@@ -81,9 +82,7 @@ class APPO(ClippedOnPolicyAlgorithm):
         if not self.use_kl_loss:
             return
         if self._target_policy is None:
-            self._target_policy = self.policy.__class__(**self.policy._get_constructor_parameters()).to(self.device)
-            self._target_policy.set_training_mode(False)
-            self._target_policy.requires_grad_(False)
+            self._target_policy = frozen_copy(self.policy)
         self._target_policy.load_state_dict(self.policy.state_dict())
 
     def _policy_loss(
@@ -91,12 +90,12 @@ class APPO(ClippedOnPolicyAlgorithm):
     ) -> tuple[th.Tensor, dict[str, float]]:
         clip_range = self._current_clip_range()
         target_log_prob, behavior_log_prob = rollout_data.learner_log_prob, rollout_data.old_log_prob
-        pg_rhos = th.clamp(safe_ratio(target_log_prob - behavior_log_prob), max=self.pg_rho_bar)
+        pg_rhos = importance_weights(target_log_prob - behavior_log_prob, self.pg_rho_bar)
         policy_loss = appo_surrogate(
             log_prob, target_log_prob, behavior_log_prob, pg_rhos * advantages, clip_range, self.is_ratio_clip
         )
         ratio = safe_ratio(log_prob - target_log_prob)
-        stats = {"clip_fraction": th.mean((th.abs(ratio - 1) > clip_range).float()).item()}
+        stats = {"clip_fraction": clip_fraction(ratio, clip_range)}
         if self.use_kl_loss:
             assert self._target_policy is not None
             with th.no_grad():

@@ -6,7 +6,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
 from sb3_vaco.common.clipped import ClippedOnPolicyAlgorithm
-from sb3_vaco.common.losses import clipped_surrogate, safe_ratio
+from sb3_vaco.common.losses import clip_fraction, clipped_surrogate, safe_ratio
 
 
 class DecoupledPPO(ClippedOnPolicyAlgorithm):
@@ -69,7 +69,7 @@ class DecoupledPPO(ClippedOnPolicyAlgorithm):
         behavior_weights = safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob)  # π_prox/μ
         weights = th.clamp(behavior_weights, max=self.weight_cap)
         stats = {
-            "clip_fraction": th.mean((th.abs(ratio - 1) > clip_range).float()).item(),
+            "clip_fraction": clip_fraction(ratio, clip_range),
             "weight_capped_fraction": th.mean((behavior_weights > self.weight_cap).float()).item(),
         }
         return clipped_surrogate(ratio, advantages, clip_range, weights), stats

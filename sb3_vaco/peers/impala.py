@@ -6,7 +6,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 
 from sb3_vaco.common.aligned import AlignedOnPolicyAlgorithm
 from sb3_vaco.common.buffers import LaggedRolloutBufferSamples
-from sb3_vaco.common.losses import safe_ratio, vtrace_policy_gradient_loss
+from sb3_vaco.common.losses import importance_weights, vtrace_policy_gradient_loss
 
 
 class IMPALA(AlignedOnPolicyAlgorithm):
@@ -86,6 +86,6 @@ class IMPALA(AlignedOnPolicyAlgorithm):
     def _policy_loss(
         self, log_prob: th.Tensor, rollout_data: LaggedRolloutBufferSamples, advantages: th.Tensor
     ) -> tuple[th.Tensor, dict[str, float]]:
-        pg_rhos = th.clamp(safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob), max=self.pg_rho_bar)
+        pg_rhos = importance_weights(rollout_data.learner_log_prob - rollout_data.old_log_prob, self.pg_rho_bar)
         stats = {"pg_rho_mean": pg_rhos.mean().item()}
         return vtrace_policy_gradient_loss(log_prob, advantages, pg_rhos), stats

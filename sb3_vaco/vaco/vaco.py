@@ -12,6 +12,7 @@ from sb3_vaco.common.lag_spec import PolicyLagSpec
 from sb3_vaco.common.losses import (
     TV_REFERENCES,
     behavior_kl,
+    importance_weights,
     reverse_behavior_kl,
     safe_ratio,
     total_variation,
@@ -255,7 +256,7 @@ class VACO(AlignedOnPolicyAlgorithm):
         tv_threshold = self._update_tv_threshold
         if self.tv_reference == "decoupled":
             ratio = safe_ratio(log_prob - rollout_data.learner_log_prob)  # q = π_θ/π_T
-            weights = th.clamp(safe_ratio(rollout_data.learner_log_prob - rollout_data.old_log_prob), max=1.0)  # min(1, π_T/μ)
+            weights = importance_weights(rollout_data.learner_log_prob - rollout_data.old_log_prob, 1.0)  # min(1, π_T/μ)
         else:
             ratio, weights = safe_ratio(log_prob - rollout_data.old_log_prob), None  # q = π_θ/μ
         if self.tv_reference == "behavior_relative":

@@ -19,21 +19,6 @@ VTRACE_C_BARS = (0.5, 1.0)
 KL_COEFS = (0.1, 0.3, 1.0, 3.0)
 
 
-def convert_vaco_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
-    """
-    Turn the parameters stored with a trial into VACO hyperparameters (for ``--trial-id`` reloads).
-
-    The PPO part goes through the zoo's :func:`~rl_zoo3.hyperparams_opt.convert_onpolicy_params`
-    (``one_minus_gamma`` → ``gamma``, ``*_pow`` → powers of two, ``net_arch``/``activation_fn`` → ``policy_kwargs``);
-    VACO's keys (``tv_threshold``, ``vtrace_rho_bar``, ``vtrace_c_bar``, ``tv_reference``) are already
-    constructor arguments and pass through unchanged.
-
-    :param sampled_params: ``trial.params`` of a trial sampled by :func:`sample_vaco_params`
-    :return: keyword arguments for :class:`~sb3_vaco.VACO`
-    """
-    return convert_onpolicy_params(sampled_params)
-
-
 def _sample_ppo_space(trial: optuna.Trial, n_envs: int, algo: str, minibatches: bool = True) -> dict[str, Any]:
     """
     The zoo's PPO search space (:func:`rl_zoo3.hyperparams_opt.sample_ppo_params`: same names, ranges and choices,
@@ -96,7 +81,7 @@ def sample_vaco_params(trial: optuna.Trial, n_actions: int, n_envs: int, additio
     params["vtrace_rho_bar"] = trial.suggest_categorical("vtrace_rho_bar", list(VTRACE_RHO_BARS))
     params["vtrace_c_bar"] = trial.suggest_categorical("vtrace_c_bar", list(VTRACE_C_BARS))
     params["tv_reference"] = trial.suggest_categorical("tv_reference", list(TV_REFERENCES))
-    return convert_vaco_params(params)
+    return convert_onpolicy_params(params)  # VACO's own keys are constructor arguments: they pass through
 
 
 def sample_clipped_params(trial: optuna.Trial, n_actions: int, n_envs: int, additional_args: dict) -> dict[str, Any]:
@@ -161,4 +146,4 @@ HYPERPARAMS_SAMPLER = {
     "impala": sample_impala_params,
     "lagged_trpo": sample_trpo_params,
 }
-HYPERPARAMS_CONVERTER = {name: convert_onpolicy_params for name in HYPERPARAMS_SAMPLER} | {"vaco": convert_vaco_params}
+HYPERPARAMS_CONVERTER = {name: convert_onpolicy_params for name in HYPERPARAMS_SAMPLER}
