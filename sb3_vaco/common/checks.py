@@ -113,14 +113,14 @@ HYPERPARAMETERS: dict[str, Rule] = {
 }
 
 
-def check_hyperparameters(values: Mapping[str, Any]) -> None:
+def check_hyperparameters(values: Mapping[str, Any], rules: Mapping[str, Rule] = HYPERPARAMETERS) -> None:
     """
-    Check every entry of ``values`` (constructor arguments, or a model's attributes) that :data:`HYPERPARAMETERS`
-    knows; other entries are left alone.
+    Check every entry of ``values`` (constructor arguments, or a model's attributes) that ``rules`` knows; other
+    entries are left alone.
 
     :raises ValueError: naming the first bad parameter and what it accepts
     """
     for name, value in values.items():
-        rule = HYPERPARAMETERS.get(name)
+        rule = rules.get(name)
         if rule is not None and not rule.accepts(value):
             raise ValueError(f"`{name}` must be {rule.describe()}; got {value!r}")

@@ -17,6 +17,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, pad
 
+from sb3_vaco.common.checks import Rule, check_hyperparameters
 from sb3_vaco.common.ring import SnapshotRing
 from sb3_vaco.llm.losses import (
     SAMPLER_CORRECTION_MODES,
@@ -28,6 +29,13 @@ from sb3_vaco.llm.losses import (
     vaco_sequence_loss,
     vaco_token_loss,
 )
+
+#: The numeric settings VACOGRPOConfig adds to GRPOConfig, checked as the SB3 algorithms check theirs
+CONFIG_RULES = {
+    "tv_threshold": Rule(low=0.0),
+    "policy_lag": Rule(low=0, integer=True),
+    "generation_ahead": Rule(low=0, integer=True),
+}
 
 #: VACO's forms for LLMs (``VACOGRPOConfig.vaco_form``), see :mod:`sb3_vaco.llm.losses`
 VACO_FORMS = ("token", "sequence", "decoupled")
@@ -181,9 +189,7 @@ class VACOGRPOConfig(GRPOConfig):
             )
         if self.filter_drift and self.vaco_form != "sequence":
             raise ValueError(f"`filter_drift` applies to vaco_form='sequence' only, got vaco_form={self.vaco_form!r}")
-        tv_threshold = self.tv_threshold
-        if isinstance(tv_threshold, bool) or not isinstance(tv_threshold, (int, float)) or not tv_threshold >= 0:
-            raise ValueError(f"`tv_threshold` must be a number >= 0, got {self.tv_threshold}")
+        check_hyperparameters({name: getattr(self, name) for name in CONFIG_RULES}, CONFIG_RULES)
         if not self.rho_bar > 0:
             raise ValueError(f"`rho_bar` must be > 0, got {self.rho_bar}")
         self._check_lag()
@@ -192,10 +198,6 @@ class VACOGRPOConfig(GRPOConfig):
         """The lag options and how TRL's losses see the stale actor."""
         if (self.policy_lag > 0 or self.generation_ahead > 0) and self.use_vllm:
             raise ValueError("policy lag is injected with transformers generation; vLLM has its own staleness")
-        for name in ("policy_lag", "generation_ahead"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
         if self.generation_ahead > 0:
             if self.policy_lag > 0:
                 raise ValueError("set `generation_ahead` or `policy_lag`, not both: generation_ahead sets the lag")
